@@ -1,0 +1,137 @@
+"""The library functions behind each CLI command: pull, trace, verify, reference, inspect."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .convert.checkpoint import open_hf_folder, read_safetensors, read_torch_bin
+from .errors import GptconvError, where
+from .loader import Source, load_source, open_source, parse_dtype
+from .reference import (load_transformers_model, parity_inputs, read_reference, reference_steps,
+                        save_reference)
+from .tokenizer import Tokenizer, load_tokenizer
+from .verify import Report, compare
+
+
+@dataclass
+class PullSummary:
+    source: str
+    repo_id: str | None
+    folder: Path
+    arch: str
+    parameters: int
+    dtypes: dict[str, int]  # source dtype → tensor count
+    files: list[tuple[str, int]]  # (name, bytes)
+    context_length: int
+    layout: str
+
+
+def pull(source: str, revision: str | None = None) -> PullSummary:
+    """Download (or find) the checkpoint, map and check every tensor, and summarise it."""
+    src = open_source(source, revision, prefer_cache=False)
+    model = load_source(src)  # the full strict load: every tensor read, mapped and checked
+    dtypes = Counter(str(t.dtype).removeprefix("torch.") for t in src.tensors.values())
+    return PullSummary(
+        source, src.repo_id, src.path, src.arch, sum(p.numel() for p in model.parameters()), dict(dtypes),
+        [(f.name, f.stat().st_size) for f in src.files], src.config.context_length, src.layout,
+    )
+
+
+def tokenizer_or_none(src: Source) -> Tokenizer | None:
+    try:
+        return load_tokenizer(src)
+    except GptconvError:
+        return None
+
+
+def encode_prompt(src: Source, text: str | None, ids: str | None) -> list[int]:
+    """Token ids from ``text`` (through the checkpoint's tokenizer) or from a list like "464,3139"."""
+    if ids is not None:
+        try:
+            out = [int(t) for t in ids.replace(",", " ").split()]
+        except ValueError:
+            raise GptconvError(f"--ids '{ids}': expected integers separated by commas or spaces") from None
+        bad = [i for i in out if not 0 <= i < src.config.vocab_size]
+        if bad or not out:
+            raise GptconvError(f"--ids: {bad[0] if bad else 'nothing'} is not a token id in 0 … {src.config.vocab_size - 1}")
+        return out
+    if text is None:
+        raise GptconvError("give a TEXT or --ids")
+    out = load_tokenizer(src).encode(text)
+    if not out:
+        raise GptconvError("the text gives no tokens")
+    return out
+
+
+def verify_source(source: str, dtype: str = "float32", length: int | None = None, seed: int = 0,
+                  reference_file: Path | None = None, revision: str | None = None) -> Report:
+    """Our model against transformers (live) or a recorded reference file."""
+    src = open_source(source, revision)
+    model = load_source(src, parse_dtype(dtype))
+    if reference_file is not None:
+        inputs, records, meta = read_reference(Path(reference_file))
+        if meta.get("arch") != src.arch:
+            raise where(reference_file, f"records a '{meta.get('arch')}' model, the source is '{src.arch}'")
+        return compare(model, inputs, records, source, f"recorded: {reference_file}")
+    inputs, records, version = live_reference(src, length, seed)
+    return compare(model, inputs, records, source, f"transformers {version} (fp32, eager)")
+
+
+def record_reference(source: str, out: Path, length: int | None = None, seed: int = 0,
+                     revision: str | None = None) -> Path:
+    """Write transformers' outputs on the fixed inputs to ``out`` (safetensors) for a later verify."""
+    src = open_source(source, revision)
+    inputs, records, version = live_reference(src, length, seed)
+    save_reference(Path(out), records, inputs, {"arch": src.arch, "source": str(source), "transformers": version})
+    return Path(out)
+
+
+def live_reference(src: Source, length: int | None, seed: int):
+    """(inputs, transformers' steps per input, transformers' version) for the fixed inputs."""
+    inputs = parity_inputs(tokenizer_or_none(src), src.config.vocab_size, _length(src, length), seed)
+    hf = load_transformers_model(src.path)
+    records = {name: reference_steps(hf, src.arch, src.config.n_layers, ids) for name, ids in inputs.items()}
+    import transformers
+    return inputs, records, transformers.__version__
+
+
+def _length(src: Source, length: int | None) -> int:
+    """Random-input length: the full context by default, capped at 1024 positions."""
+    limit = src.config.context_length
+    length = length or min(limit, 1024)
+    if not 0 < length <= limit:
+        raise GptconvError(f"--length {length}: the model has {limit} positions")
+    return length
+
+
+@dataclass
+class Inspection:
+    path: Path
+    kind: str
+    config: dict | None
+    metadata: dict
+    tensors: list[tuple[str, str, tuple[int, ...]]]  # (name, dtype, shape)
+
+
+def inspect_path(path: Path) -> Inspection:
+    """Tensors (name, dtype, shape), metadata and config of a file or checkpoint folder."""
+    path = Path(path)
+    if path.is_dir():
+        ckpt = open_hf_folder(path)
+        infos, kind, config, meta = ckpt.tensors, "hf-folder", ckpt.config, {}
+    elif path.suffix == ".safetensors":
+        infos, kind, config = read_safetensors(path), "safetensors", None
+        from safetensors import safe_open
+        meta = safe_open(str(path), framework="pt").metadata() or {}
+    elif path.suffix in (".bin", ".pt", ".pth"):
+        infos, kind, config, meta = read_torch_bin(path), "pytorch", None, {}
+    elif not path.exists():
+        raise where(path, "no such file or folder")
+    else:
+        raise where(path, "unknown kind of file (expected a folder, .safetensors or .bin)")
+    tensors = [(n, str(i.dtype).removeprefix("torch."), i.shape) for n, i in sorted(infos.items())]
+    return Inspection(path, kind, config, meta, tensors)

@@ -1,0 +1,168 @@
+"""Each command parses its arguments, calls one library function, and prints its result.
+
+Exit status: 0 success; 1 a parity check failed; 2 bad input or usage (one line on stderr,
+``--debug`` for the traceback).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from pathlib import Path
+
+import click
+
+from ..errors import GptconvError
+from . import render
+
+
+class Group(click.Group):
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except GptconvError as e:
+            fail(ctx, str(e))
+        except (click.exceptions.Exit, click.ClickException, click.Abort):
+            raise
+        except KeyboardInterrupt:
+            fail(ctx, "interrupted", code=130)
+        except Exception as e:  # a bug, or input we failed to classify: still one line
+            fail(ctx, f"unexpected {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} "
+                      "(rerun with --debug for the traceback)")
+
+
+def fail(ctx: click.Context, message: str, code: int = 2) -> None:
+    if ctx.obj and ctx.obj.get("debug"):
+        traceback.print_exc()
+    click.echo(f"gptconv: error: {message}", err=True)
+    sys.exit(code)
+
+
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--debug", is_flag=True, help="Show the traceback of an error.")
+@click.pass_context
+def cli(ctx: click.Context, debug: bool) -> None:
+    """gptconv: pretrained GPT-2 and Llama weights in clean PyTorch, proven right."""
+    ctx.obj = {"debug": debug}
+
+
+source_arg = click.argument("source")
+revision_opt = click.option("--revision", default=None, help="Hub branch, tag or commit.")
+dtype_opt = click.option("--dtype", default="float32", show_default=True,
+                         type=click.Choice(["float32", "bfloat16", "float16"]))
+
+
+@cli.command()
+@source_arg
+@revision_opt
+def pull(source: str, revision: str | None) -> None:
+    """Download (or find) SOURCE, map and check every tensor, print a summary."""
+    from ..api import pull as pull_
+    render.pull_summary(pull_(source, revision))
+
+
+@cli.command()
+@source_arg
+@click.argument("text", required=False)
+@click.option("--ids", default=None, help="Token ids instead of TEXT, e.g. '464,3139,286'.")
+@dtype_opt
+def trace(source: str, text: str | None, ids: str | None, dtype: str) -> None:
+    """Print each named step of the forward pass on TEXT, with its shape and statistics."""
+    import torch
+
+    from ..api import encode_prompt
+    from ..loader import load_source, open_source
+    from ..trace import trace as trace_
+    src = open_source(source)
+    prompt = encode_prompt(src, text, ids)
+    model = load_source(src, dtype)
+    steps, logits = trace_(model, torch.tensor([prompt]))
+    render.trace(src, prompt, steps, logits)
+
+
+@cli.command()
+@source_arg
+@click.argument("prompt")
+@click.option("--max-new-tokens", "-n", default=32, show_default=True, type=click.IntRange(1, 1 << 20))
+@click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(0, 100),
+              help="0 is greedy.")
+@click.option("--top-k", default=None, type=click.IntRange(1), help="Sample from the k most likely tokens.")
+@click.option("--seed", default=None, type=int, help="Seed for sampling.")
+@dtype_opt
+def generate(source: str, prompt: str, max_new_tokens: int, temperature: float, top_k: int | None,
+             seed: int | None, dtype: str) -> None:
+    """Continue PROMPT, token by token with the KV cache (greedy by default)."""
+    from ..api import encode_prompt
+    from ..generate import stream
+    from ..loader import load_source, open_source
+    from ..tokenizer import load_tokenizer
+    src = open_source(source)
+    tok = load_tokenizer(src)
+    ids = encode_prompt(src, prompt, None)
+    model = load_source(src, dtype)
+    stop = {tok.eos_id} if tok.eos_id is not None else set()
+    out: list[int] = []
+    click.echo(prompt, nl=False)
+    shown = ""
+    for token in stream(model, ids, max_new_tokens, temperature=temperature, top_k=top_k, seed=seed, stop_ids=stop):
+        out.append(token)
+        text = tok.decode(out)
+        if not text.endswith("\ufffd"):  # wait for the rest of a multi-byte character
+            click.echo(text[len(shown):], nl=False)
+            shown = text
+    click.echo()
+
+
+@cli.command()
+@source_arg
+@dtype_opt
+@click.option("--length", default=None, type=click.IntRange(1), help="Random-input length [full context, ≤ 1024].")
+@click.option("--seed", default=0, show_default=True, help="Seed of the random input ids.")
+@click.option("--reference", "reference_file", type=click.Path(path_type=Path), default=None,
+              help="Compare with a file from `gptconv reference` instead of running transformers.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@revision_opt
+def verify(source: str, dtype: str, length: int | None, seed: int, reference_file: Path | None,
+           as_json: bool, revision: str | None) -> None:
+    """Check our logits against transformers', step by step; exit 1 if parity fails."""
+    from ..api import verify_source
+    report = verify_source(source, dtype, length, seed, reference_file, revision)
+    if as_json:
+        click.echo(json.dumps(report.to_dict(), indent=2))
+    else:
+        render.verify_report(report)
+    sys.exit(0 if report.passed else 1)
+
+
+@cli.command()
+@source_arg
+@click.option("-o", "--output", required=True, type=click.Path(path_type=Path, dir_okay=False))
+@click.option("--length", default=None, type=click.IntRange(1))
+@click.option("--seed", default=0, show_default=True)
+@revision_opt
+def reference(source: str, output: Path, length: int | None, seed: int, revision: str | None) -> None:
+    """Record transformers' outputs on the fixed inputs, for `verify --reference`."""
+    from ..api import record_reference
+    path = record_reference(source, output, length, seed, revision)
+    click.echo(f"wrote {path} ({path.stat().st_size:,} bytes)")
+
+
+@cli.command()
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True)
+def inspect(path: Path, as_json: bool) -> None:
+    """List the tensors (name, dtype, shape), metadata and config of a file or folder."""
+    from ..api import inspect_path
+    result = inspect_path(path)
+    if as_json:
+        click.echo(json.dumps({"path": str(result.path), "kind": result.kind, "config": result.config,
+                               "metadata": result.metadata,
+                               "tensors": [{"name": n, "dtype": d, "shape": list(s)} for n, d, s in result.tensors]},
+                              indent=2, default=str))
+    else:
+        render.inspection(result)
+
+
+def main() -> None:
+    cli(prog_name="gptconv")

@@ -1,0 +1,79 @@
+"""How the CLI prints each result: plain, aligned text for a terminal."""
+
+from __future__ import annotations
+
+import click
+import torch
+
+from ..trace import Step, explain
+
+
+def _bytes(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return ""
+
+
+def pull_summary(s) -> None:
+    click.echo(f"source        {s.source}" + (f"  (Hub repo {s.repo_id})" if s.repo_id else ""))
+    click.echo(f"architecture  {s.arch}")
+    click.echo(f"parameters    {s.parameters:,}")
+    click.echo(f"dtype         " + ", ".join(f"{d} ({n} tensors)" for d, n in s.dtypes.items()))
+    click.echo(f"context       {s.context_length:,} positions")
+    click.echo(f"key layout    {s.layout}: every tensor mapped once, every parameter filled, shapes checked")
+    click.echo(f"folder        {s.folder}")
+    for name, size in s.files:
+        click.echo(f"  {name:<40} {_bytes(size):>10}")
+
+
+def trace(src, prompt: list[int], steps: list[Step], logits: torch.Tensor) -> None:
+    cfg = src.config
+    heads = f"{cfg.n_heads} heads" + (f" (K/V: {cfg.n_kv_heads})" if cfg.n_kv_heads != cfg.n_heads else "")
+    click.echo(f"{src.arch}: {cfg.n_layers} blocks, d = {cfg.d_model}, {heads}, head_dim = {cfg.head_dim}, "
+               f"vocab = {cfg.vocab_size:,}")
+    click.echo(f"{'step':<22} {'shape':<20} {'mean':>10} {'std':>10} {'min':>10} {'max':>10}  what")
+    for n, st in enumerate(steps):
+        shape = "(" + ", ".join(str(d) for d in st.shape) + ")"
+        is_block = st.name.startswith("block.")
+        first_block = is_block and not steps[n - 1].name.startswith("block.")
+        note = explain(st.name) if not is_block or first_block else "〃"
+        click.echo(f"{st.name:<22} {shape:<20} {st.mean:>10.4f} {st.std:>10.4f} {st.min:>10.4f} {st.max:>10.4f}  {note}")
+    top = torch.topk(torch.softmax(logits[0, -1].float(), -1), 5)
+    try:
+        from ..tokenizer import load_tokenizer
+        tok = load_tokenizer(src)
+        words = [repr(tok.decode([int(i)])) for i in top.indices]
+    except Exception:
+        words = [str(int(i)) for i in top.indices]
+    click.echo("next token    " + "  ".join(f"{w} {p:.3f}" for w, p in zip(words, top.values.tolist())))
+
+
+def verify_report(r) -> None:
+    tol = r.tolerance
+    click.echo(f"verify {r.source} ({r.dtype}) against {r.reference}")
+    click.echo(f"inputs: " + ", ".join(f"{n} ({t} tokens)" for n, t in r.inputs.items()))
+    click.echo(f"tolerance: max|Δ| ≤ {tol['atol']:g} + {tol['rtol']:g}·max|ref| per step; "
+               f"top-1 agreement ≥ {tol['min_top1']:.0%}")
+    click.echo(f"{'step':<22} {'max|Δ|':>12} {'allowed':>12}")
+    for s in r.steps:
+        click.echo(f"{s.name:<22} {s.max_abs_diff:>12.3e} {s.allowed:>12.3e}  {'ok' if s.passed else 'FAIL'}")
+    click.echo(f"logits max|Δ| = {r.max_abs_diff:.3e}, top-1 agreement = {r.top1_agreement:.2%}, "
+               f"KL mean = {r.kl_mean:.3e}, max = {r.kl_max:.3e}")
+    if r.passed:
+        click.echo("PASSED")
+    elif r.first_divergent_step:
+        click.echo(f"FAILED: first divergent step: {r.first_divergent_step}")
+    else:
+        click.echo("FAILED: top-1 agreement below the tolerance")
+
+
+def inspection(result) -> None:
+    click.echo(f"{result.path} ({result.kind}, {len(result.tensors)} tensors)")
+    if result.config:
+        click.echo("config: " + ", ".join(f"{k}={v}" for k, v in result.config.items() if not isinstance(v, (dict, list))))
+    for k, v in result.metadata.items():
+        click.echo(f"metadata {k} = {str(v)[:120]}")
+    for name, dtype, shape in result.tensors:
+        click.echo(f"  {name:<56} {dtype:<9} {list(shape)}")

@@ -1,0 +1,32 @@
+"""Converters: checkpoints in other people's layouts → our models (and back, for export).
+
+- ``keymap``: the generic key-mapping engine and its ledger;
+- ``gpt2``: GPT-2's HF config parser and key table;
+- ``checkpoint``: reading a local HF folder (safetensors, shards, .bin);
+- ``hub``: fetching from the Hugging Face Hub.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .gpt2 import GPT2_HF, gpt2_config_from_hf, gpt2_config_to_hf
+from .keymap import KeyMap, Plan, TensorInfo, model_shapes
+
+
+@dataclass(frozen=True)
+class HFFamily:
+    """What converting one HF ``model_type`` takes: its config parser, inverse, and key table."""
+
+    config_from_hf: Callable[[dict[str, Any], object], Any]
+    config_to_hf: Callable[[Any], dict[str, Any]]
+    keymap: KeyMap
+
+
+HF_FAMILIES: dict[str, HFFamily] = {
+    "gpt2": HFFamily(gpt2_config_from_hf, gpt2_config_to_hf, GPT2_HF),
+}
+
+__all__ = ["GPT2_HF", "HFFamily", "HF_FAMILIES", "KeyMap", "Plan", "TensorInfo", "model_shapes"]

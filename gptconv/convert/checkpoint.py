@@ -1,0 +1,172 @@
+"""Reading a local Hugging Face checkpoint folder: config.json plus weights.
+
+Weights: ``model.safetensors``, or shards listed by ``model.safetensors.index.json``; only when
+no safetensors exist, ``pytorch_model.bin`` (or its sharded form), read with
+``torch.load(weights_only=True)`` so a pickle can never run code. Tensors are listed (names,
+shapes, dtypes) without reading them, and each is read from a memory map when asked for.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from ..errors import GptconvError, where
+from .keymap import TensorInfo
+
+SAFETENSORS_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+
+
+@dataclass
+class HFCheckpoint:
+    folder: Path
+    config: dict[str, Any]
+    weight_files: list[Path]
+    tensors: dict[str, TensorInfo]
+
+    @property
+    def model_type(self) -> str:
+        return self.config["model_type"]
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise where(path, "no such file") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise where(path, f"not valid JSON ({e})") from None
+    except OSError as e:
+        raise where(path, e.strerror or str(e)) from None
+
+
+def read_hf_config(folder: Path) -> dict[str, Any]:
+    path = folder / "config.json"
+    data = read_json(path)
+    if not isinstance(data, dict):
+        raise where(path, "not a JSON object")
+    if not isinstance(data.get("model_type"), str):
+        raise where(path, "no 'model_type' string: cannot tell the architecture")
+    return data
+
+
+def open_hf_folder(folder: Path) -> HFCheckpoint:
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise where(folder, "not a folder")
+    config = read_hf_config(folder)
+    files, index = weight_files(folder)
+    tensors: dict[str, TensorInfo] = {}
+    for file in files:
+        reader = read_safetensors if file.suffix == ".safetensors" else read_torch_bin
+        for name, info in reader(file).items():
+            if name in tensors:
+                raise where(folder, f"tensor '{name}' is stored in more than one file")
+            tensors[name] = info
+    if index is not None:
+        check_index(index, tensors)
+    return HFCheckpoint(folder, config, files, tensors)
+
+
+def weight_files(folder: Path) -> tuple[list[Path], Path | None]:
+    """The weight files to read (safetensors first) and the shard index if there is one."""
+    for index_name, single in (("model.safetensors.index.json", "model.safetensors"),
+                               ("pytorch_model.bin.index.json", "pytorch_model.bin")):
+        index = folder / index_name
+        if index.exists():
+            names = sorted(set(index_weight_map(index).values()))
+            return [shard_path(folder, index, name) for name in names], index
+        if (folder / single).exists():
+            return [folder / single], None
+    raise where(folder, "no weights: expected model.safetensors, model.safetensors.index.json or pytorch_model.bin")
+
+
+def index_weight_map(index: Path) -> dict[str, str]:
+    data = read_json(index)
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise where(index, "no 'weight_map' object of tensor name → shard file")
+    return weight_map
+
+
+def shard_path(folder: Path, index: Path, name: str) -> Path:
+    # A hostile index could name '../../etc/passwd' or '/etc/passwd': shards live beside the index.
+    p = Path(name)
+    if p.is_absolute() or ".." in p.parts or p.name != name:
+        raise where(index, f"shard '{name}' is not a plain file name in the checkpoint folder")
+    path = folder / name
+    if not path.is_file():
+        raise where(index, f"shard '{name}' is missing")
+    return path
+
+
+def check_index(index: Path, tensors: dict[str, TensorInfo]) -> None:
+    """A sharded checkpoint's index and its shards must agree tensor for tensor."""
+    weight_map = index_weight_map(index)
+    missing = sorted(set(weight_map) - set(tensors))
+    unlisted = sorted(set(tensors) - set(weight_map))
+    if missing:
+        raise where(index, f"lists tensor '{missing[0]}' which is in no shard" + _more(missing))
+    if unlisted:
+        raise where(index, f"does not list tensor '{unlisted[0]}' found in a shard" + _more(unlisted))
+
+
+def _more(items: list) -> str:
+    return f" (+{len(items) - 1} more)" if len(items) > 1 else ""
+
+
+def read_safetensors(path: Path) -> dict[str, TensorInfo]:
+    try:
+        handle = safe_open(str(path), framework="pt", device="cpu")
+        infos = {}
+        for name in handle.keys():
+            sl = handle.get_slice(name)
+            dtype = SAFETENSORS_DTYPES.get(sl.get_dtype())
+            if dtype is None:
+                raise where(path, f"tensor '{name}' has dtype {sl.get_dtype()}, which gptconv does not read")
+            infos[name] = TensorInfo(tuple(sl.get_shape()), dtype, _safetensors_loader(handle, path, name))
+        return infos
+    except (SafetensorError, OSError) as e:
+        raise where(path, f"not a readable safetensors file ({_first_line(e)})") from None
+
+
+def _safetensors_loader(handle: Any, path: Path, name: str):
+    def load() -> torch.Tensor:
+        try:
+            return handle.get_tensor(name)
+        except (SafetensorError, OSError) as e:
+            raise where(path, f"tensor '{name}' cannot be read ({_first_line(e)})") from None
+    return load
+
+
+def read_torch_bin(path: Path) -> dict[str, TensorInfo]:
+    try:
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError as e:
+            if "mmap" not in str(e):  # the pre-zip pickle format cannot be memory-mapped
+                raise
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise where(path, f"refused: the pickle holds more than plain tensors ({_first_line(e)})") from None
+    except (RuntimeError, OSError, EOFError, ValueError) as e:
+        raise where(path, f"not a readable PyTorch checkpoint ({_first_line(e)})") from None
+    if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
+                                              for k, v in state.items()):
+        raise where(path, "not a state dict of name → tensor")
+    return {k: TensorInfo(tuple(v.shape), v.dtype, lambda v=v: v) for k, v in state.items()}
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__

@@ -1,0 +1,103 @@
+"""Fetching checkpoints from the Hugging Face Hub with huggingface-hub.
+
+Files land in the standard HF cache (``HF_HOME``, ``HF_HUB_CACHE``); ``HF_TOKEN``,
+``HF_HUB_OFFLINE`` and ``HF_ENDPOINT`` are honoured by huggingface-hub itself. Only what a
+load needs is fetched: config, tokenizer files, and one weight format (safetensors if the repo
+has it, else PyTorch .bin).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import httpx2
+from huggingface_hub import HfApi, constants, snapshot_download
+from huggingface_hub.errors import (
+    GatedRepoError,
+    HfHubHTTPError,
+    LocalEntryNotFoundError,
+    OfflineModeIsEnabled,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
+
+from ..errors import GptconvError
+
+# Short names a user types → the Hub repo that holds the weights.
+ALIASES: dict[str, str] = {
+    "gpt2": "openai-community/gpt2",
+    "gpt2-medium": "openai-community/gpt2-medium",
+    "gpt2-large": "openai-community/gpt2-large",
+    "gpt2-xl": "openai-community/gpt2-xl",
+    "distilgpt2": "distilbert/distilgpt2",
+}
+
+SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+              "special_tokens_map.json", "vocab.json", "merges.txt")
+_REPO_ID = re.compile(r"[\w.-]+/[\w.-]+")
+_SHARD = re.compile(r"(model|pytorch_model)-\d+-of-\d+\.(safetensors|bin)")
+
+
+def repo_id_for(source: str) -> str | None:
+    """The Hub repo id ``source`` names (an alias or ``owner/name``), or None."""
+    if source in ALIASES:
+        return ALIASES[source]
+    return source if _REPO_ID.fullmatch(source) else None
+
+
+def files_to_fetch(repo_files: list[str]) -> list[str]:
+    """From a repo's file list, the top-level files a load needs, one weight format only."""
+    top = set(f for f in repo_files if "/" not in f)
+    for index, single, ext in (("model.safetensors.index.json", "model.safetensors", "safetensors"),
+                               ("pytorch_model.bin.index.json", "pytorch_model.bin", "bin")):
+        if index in top:
+            weights = [index] + sorted(f for f in top if _SHARD.fullmatch(f) and f.endswith(ext))
+            break
+        if single in top:
+            weights = [single]
+            break
+    else:
+        raise GptconvError("the repo has no model.safetensors or pytorch_model.bin at its top level")
+    return [f for f in SIDE_FILES if f in top] + weights
+
+
+def fetch(repo_id: str, revision: str | None = None, prefer_cache: bool = False) -> Path:
+    """Download (or find in the cache) what a load of ``repo_id`` needs; return the snapshot folder.
+
+    ``prefer_cache``: use a cached snapshot without asking the Hub (what ``load`` does, so a
+    pulled model loads offline); ``pull`` asks the Hub so the snapshot is refreshed.
+    """
+    label = repo_id + (f"@{revision}" if revision else "")
+    if prefer_cache or constants.HF_HUB_OFFLINE:
+        try:
+            return Path(snapshot_download(repo_id, revision=revision, local_files_only=True))
+        except (LocalEntryNotFoundError, FileNotFoundError):
+            if constants.HF_HUB_OFFLINE:
+                raise GptconvError(f"{label}: HF_HUB_OFFLINE is set and the model is not in the cache "
+                                   f"({constants.HF_HUB_CACHE}); run `gptconv pull {repo_id}` online first") from None
+    try:
+        info = HfApi().model_info(repo_id, revision=revision)
+        names = files_to_fetch([s.rfilename for s in info.siblings or []])
+        folder = snapshot_download(repo_id, revision=info.sha, allow_patterns=names)
+        return Path(folder)
+    except GptconvError as e:
+        raise GptconvError(f"{label}: {e}") from None
+    except GatedRepoError:
+        raise GptconvError(f"{label}: the repo is gated: request access on its Hub page, then set HF_TOKEN "
+                           "or run `hf auth login`") from None
+    except RevisionNotFoundError:
+        raise GptconvError(f"{label}: the repo has no revision '{revision}'") from None
+    except RepositoryNotFoundError:
+        raise GptconvError(f"{label}: no such model on the Hub (if it is private, set HF_TOKEN)") from None
+    except HfHubHTTPError as e:
+        raise GptconvError(f"{label}: the Hub answered {_status(e)}") from None
+    except (OfflineModeIsEnabled, LocalEntryNotFoundError, httpx2.HTTPError, OSError) as e:
+        raise GptconvError(f"{label}: cannot reach the Hub at {constants.ENDPOINT} and the model is not in "
+                           f"the cache ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+
+
+def _status(e: HfHubHTTPError) -> str:
+    response = getattr(e, "response", None)
+    code = getattr(response, "status_code", None)
+    return f"HTTP {code}" if code else str(e).splitlines()[0]

@@ -1,0 +1,219 @@
+"""The key-mapping engine: one loop, driven by a table of rules per architecture.
+
+A table maps source tensor names (patterns with ``{i}`` for the layer) to our parameter
+names through a named transform. The engine keeps a ledger: every source tensor used
+exactly once, every target parameter filled exactly once, every shape and dtype checked.
+Anything else is a GptconvError naming the keys. The inverse map (ours → source names),
+used by export, is read off the same table.
+
+Usage::
+
+    plan = GPT2_HF.plan(checkpoint.tensors, model_shapes(model), config, origin=folder)
+    for target, tensor in plan.tensors(torch.float32):
+        ...
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..errors import GptconvError
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+@dataclass(frozen=True)
+class Transform:
+    """How a tensor changes between the source layout and ours; ``ctx`` is our model config."""
+
+    name: str
+    forward: Callable[[torch.Tensor, Any], torch.Tensor]  # source → ours
+    inverse: Callable[[torch.Tensor, Any], torch.Tensor]  # ours → source
+    shape: Callable[[tuple[int, ...], Any], tuple[int, ...]] = lambda s, ctx: s  # source shape → ours
+
+
+IDENTITY = Transform("identity", lambda t, ctx: t, lambda t, ctx: t)
+# HF's GPT-2 uses Conv1D, which stores a linear layer's weight as (in, out); nn.Linear wants (out, in).
+TRANSPOSE = Transform(
+    "transpose",
+    lambda t, ctx: t.t().contiguous(),
+    lambda t, ctx: t.t().contiguous(),
+    lambda s, ctx: tuple(reversed(s)) if len(s) == 2 else (-1,),
+)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One row of a table.
+
+    kind "map": ``source`` fills ``target`` through ``transform`` (required).
+    kind "drop": ``source`` is a buffer checkpoints carry (e.g. GPT-2's causal mask ``attn.bias``),
+    recognised and dropped on purpose (optional).
+    kind "tied": ``source`` is a second copy of ``target`` that some checkpoints store; it must
+    equal that target's tensor (optional).
+    """
+
+    source: str
+    target: str | None = None
+    transform: Transform = IDENTITY
+    kind: str = "map"
+    pattern: re.Pattern = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "pattern", _compile(self.source))
+
+
+def Map(source: str, target: str, transform: Transform = IDENTITY) -> Rule:
+    return Rule(source, target, transform)
+
+
+def Drop(source: str) -> Rule:
+    return Rule(source, kind="drop")
+
+
+def Tied(source: str, target: str) -> Rule:
+    return Rule(source, target, kind="tied")
+
+
+def _compile(template: str) -> re.Pattern:
+    parts = re.split(r"\{(\w+)\}", template)
+    regex = "".join(re.escape(p) if n % 2 == 0 else rf"(?P<{p}>\d+)" for n, p in enumerate(parts))
+    return re.compile(regex)
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """What the engine needs to know of a source tensor before reading it."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    load: Callable[[], torch.Tensor]  # reads the tensor (from a memory map where the format allows)
+
+
+@dataclass
+class Plan:
+    """The checked ledger: which source fills which target, built before any tensor is read."""
+
+    keymap: KeyMap
+    ctx: Any
+    moves: list[tuple[str, str, Transform]]  # (source key, target name, transform)
+    tied: list[tuple[str, str]]  # (source key, target name)
+    dropped: list[str]
+    sources: Mapping[str, TensorInfo]
+    layout: str
+    origin: object
+
+    def tensors(self, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+        """Yield (target name, tensor in our layout and ``dtype``), one tensor at a time."""
+        tied_of = {target: key for key, target in self.tied}
+        for key, target, transform in self.moves:
+            raw = self.sources[key].load()
+            tensor = transform.forward(raw, self.ctx)
+            if target in tied_of:
+                copy = transform.forward(self.sources[tied_of[target]].load(), self.ctx)
+                if not torch.equal(copy, tensor):
+                    raise GptconvError(f"{self.origin}: tensor '{tied_of[target]}' should be a tied copy "
+                                       f"of '{key}' but differs from it")
+            yield target, tensor.to(dtype)
+
+
+class KeyMap:
+    def __init__(self, name: str, rules: list[Rule], legacy_prefix: str | None = None) -> None:
+        """``legacy_prefix``: a prefix some checkpoints of this family leave off every key
+        (GPT-2's original files say ``h.0.attn.c_attn.weight`` for ``transformer.h.0…``)."""
+        self.name = name
+        self.rules = rules
+        self.legacy_prefix = legacy_prefix
+        self._targets = [(r, _compile(r.target)) for r in rules if r.kind == "map"]
+
+    def match(self, key: str) -> tuple[Rule, dict[str, str]] | None:
+        hits = [(r, m.groupdict()) for r in self.rules if (m := r.pattern.fullmatch(key))]
+        if len(hits) > 1:
+            raise AssertionError(f"key map {self.name}: '{key}' matches {len(hits)} rules")
+        return hits[0] if hits else None
+
+    def source_name(self, target: str) -> tuple[str, Transform]:
+        """The inverse map: our parameter name → (source name, transform to invert)."""
+        for rule, pattern in self._targets:
+            if m := pattern.fullmatch(target):
+                return rule.source.format(**m.groupdict()), rule.transform
+        raise GptconvError(f"key map {self.name}: no rule produces '{target}'")
+
+    def plan(
+        self,
+        sources: Mapping[str, TensorInfo],
+        targets: Mapping[str, tuple[int, ...]],
+        ctx: Any,
+        origin: object,
+    ) -> Plan:
+        """Check the whole mapping (names, counts, shapes, dtypes) without reading any tensor."""
+        sources, layout = self._canonical(sources)
+        problems: dict[str, list[str]] = {}
+
+        def problem(kind: str, text: str) -> None:
+            problems.setdefault(kind, []).append(text)
+
+        moves, tied, dropped = [], [], []
+        filled: dict[str, str] = {}
+        for key, info in sources.items():
+            hit = self.match(key)
+            if hit is None:
+                problem("unexpected tensor", f"'{key}'")
+                continue
+            rule, groups = hit
+            if rule.kind == "drop":
+                dropped.append(key)
+                continue
+            target = rule.target.format(**groups)
+            if target not in targets:
+                problem("tensor the model has no place for", f"'{key}' → '{target}'")
+                continue
+            if info.dtype not in FLOAT_DTYPES:
+                problem("non-float tensor", f"'{key}' is {info.dtype}")
+                continue
+            if rule.kind == "tied":
+                tied.append((key, target))
+                continue
+            if target in filled:
+                problem("target filled twice", f"'{target}' from '{filled[target]}' and '{key}'")
+                continue
+            shape = tuple(rule.transform.shape(tuple(info.shape), ctx))
+            if shape != tuple(targets[target]):
+                problem("wrong shape", f"'{key}' is {list(info.shape)}, '{target}' needs {list(targets[target])}"
+                        + (f" after {rule.transform.name}" if rule.transform is not IDENTITY else ""))
+            filled[target] = key
+            moves.append((key, target, rule.transform))
+        for key, target in tied:
+            if target not in filled:
+                problem("tied copy without its original", f"'{key}'")
+            elif tuple(sources[key].shape) != tuple(sources[filled[target]].shape):
+                problem("wrong shape", f"tied copy '{key}' is {list(sources[key].shape)}")
+        for target in targets:
+            if target not in filled:
+                problem("missing tensor", f"'{self.source_name(target)[0]}' (for '{target}')")
+        if problems:
+            raise GptconvError(f"{origin}: does not map onto {self.name}: " + "; ".join(
+                f"{kind}: {_few(items)}" for kind, items in problems.items()))
+        return Plan(self, ctx, moves, tied, dropped, sources, layout, origin)
+
+    def _canonical(self, sources: Mapping[str, TensorInfo]) -> tuple[Mapping[str, TensorInfo], str]:
+        p = self.legacy_prefix
+        if p is None or any(k.startswith(p) for k in sources):
+            return sources, "standard"
+        renamed = {k if self.match(k) else p + k: v for k, v in sources.items()}
+        return renamed, f"legacy (no '{p}' prefix)"
+
+
+def _few(items: list[str], n: int = 4) -> str:
+    more = f" (+{len(items) - n} more)" if len(items) > n else ""
+    return ", ".join(items[:n]) + more
+
+
+def model_shapes(model: torch.nn.Module) -> dict[str, tuple[int, ...]]:
+    """Every parameter a checkpoint must fill (tied parameters once)."""
+    return {name: tuple(p.shape) for name, p in model.named_parameters()}

@@ -1,0 +1,14 @@
+"""The one error type a user sees: a failure they caused or can fix, reported as one line."""
+
+
+class GptconvError(Exception):
+    """Bad input or usage: a corrupt file, a missing key, a wrong shape, a bad flag.
+
+    The CLI prints ``str(error)`` on one line and exits 2; ``--debug`` adds the traceback.
+    Messages name the file (or key) first and then the problem.
+    """
+
+
+def where(path: object, problem: str) -> GptconvError:
+    """An error about one file or folder: ``"<path>: <problem>"``."""
+    return GptconvError(f"{path}: {problem}")

@@ -1,0 +1,99 @@
+"""Where a model comes from, and ``load``: source → checked key map → our nn.Module.
+
+A source is a local HF folder, an HF repo id, or an alias (``gpt2``). Models are built on
+the meta device and filled tensor by tensor from the memory-mapped checkpoint, so weights are
+never held twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from .convert import HF_FAMILIES, HFFamily, Plan, TensorInfo, model_shapes
+from .convert.checkpoint import open_hf_folder
+from .convert.hub import fetch, repo_id_for
+from .errors import GptconvError
+from .models import build
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "f32": torch.float32,
+          "float16": torch.float16, "fp16": torch.float16, "f16": torch.float16,
+          "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+
+
+def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise GptconvError(f"dtype '{dtype}': choose one of float32, float16, bfloat16")
+    return DTYPES[dtype]
+
+
+@dataclass
+class Source:
+    """An opened checkpoint: where it is, its config in our terms, and its tensors (not yet read)."""
+
+    name: str  # what the user asked for
+    path: Path  # the folder (or file) the tensors are read from
+    repo_id: str | None
+    family: HFFamily
+    config: Any  # our config dataclass
+    hf_config: dict[str, Any]
+    tensors: dict[str, TensorInfo]
+    files: list[Path]
+    layout: str = ""  # which key layout the tensors came in, set by the strict load
+
+    @property
+    def arch(self) -> str:
+        return self.config.arch
+
+    def plan(self, model: nn.Module) -> Plan:
+        return self.family.keymap.plan(self.tensors, model_shapes(model), self.config, origin=self.path)
+
+
+def resolve(source: str | Path, revision: str | None = None, prefer_cache: bool = True) -> tuple[Path, str | None]:
+    """A local path as it is; an alias or repo id through the HF cache / Hub."""
+    path = Path(source).expanduser()
+    if path.exists():
+        return path, None
+    repo_id = repo_id_for(str(source))
+    if repo_id is None:
+        raise GptconvError(f"{source}: no such file or folder, and not a known alias or Hub repo id (owner/name)")
+    return fetch(repo_id, revision, prefer_cache=prefer_cache), repo_id
+
+
+def open_source(source: str | Path, revision: str | None = None, prefer_cache: bool = True) -> Source:
+    path, repo_id = resolve(source, revision, prefer_cache)
+    ckpt = open_hf_folder(path)
+    family = HF_FAMILIES.get(ckpt.model_type)
+    if family is None:
+        raise GptconvError(f"{path / 'config.json'}: model_type '{ckpt.model_type}' is not supported "
+                           f"(supported: {', '.join(HF_FAMILIES)})")
+    config = family.config_from_hf(ckpt.config, path / "config.json")
+    return Source(str(source), path, repo_id, family, config, ckpt.config, ckpt.tensors, ckpt.weight_files)
+
+
+def load_source(src: Source, dtype: str | torch.dtype = torch.float32, device: str | torch.device = "cpu") -> nn.Module:
+    dtype = parse_dtype(dtype)
+    with torch.device("meta"):
+        model = build(src.config)
+    plan = src.plan(model)
+    src.layout = plan.layout
+    state = dict(plan.tensors(dtype))
+    model.load_state_dict(state, strict=True, assign=True)
+    model.source = src
+    return model.to(device).eval()
+
+
+def load(source: str | Path, dtype: str | torch.dtype = torch.float32, revision: str | None = None,
+         device: str | torch.device = "cpu") -> nn.Module:
+    """Our model for ``source``, weights checked and filled, in eval mode, with ``.config``.
+
+    >>> model = gptconv.load("gpt2")            # alias, HF repo id, or a local folder
+    >>> logits = model(torch.tensor([[464, 3139]]))  # (B, T, V)
+    """
+    return load_source(open_source(source, revision), dtype, device)

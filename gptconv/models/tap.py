@@ -1,0 +1,25 @@
+"""A tap sees each named step of the forward pass: ``tap("block.3", x)``.
+
+The trace, verify and the parity tests use it to read the activations the model computes;
+the default tap does nothing, so a plain forward pays nothing for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+Tap = Callable[[str, torch.Tensor], None]
+
+
+def no_tap(name: str, x: torch.Tensor) -> None:
+    pass
+
+
+def check_sizes(cfg: object, limits: dict[str, int]) -> None:
+    """Refuse sizes that are not positive integers or are beyond any real model, before allocating."""
+    for name, limit in limits.items():
+        value = getattr(cfg, name)
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= limit:
+            raise ValueError(f"{name} = {value!r} is not an integer in 1 … {limit:,}")

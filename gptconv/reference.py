@@ -1,0 +1,112 @@
+"""The reference side of parity: transformers' outputs on fixed inputs, live or recorded to a file.
+
+Step names are ours (see the model's taps); ``REFERENCE_TAPS`` says which transformers module
+computes the same step, so the two can be compared step by step, not only at the logits.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+
+from .errors import GptconvError, where
+
+# our step name → transformers module whose output is that step ({i}: the layer)
+REFERENCE_TAPS: dict[str, dict[str, str]] = {
+    "gpt2": {"embedding_dropout": "transformer.drop", "block.{i}": "transformer.h.{i}",
+             "final_norm": "transformer.ln_f"},
+}
+
+PROMPTS = (
+    "The capital of France is",
+    "def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)",
+    "Ünïcödé, emoji 🙂 and digits 1234567890 — all in one line.",
+)
+
+
+def parity_inputs(tokenizer: object | None, vocab_size: int, length: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    """The fixed inputs: each prompt tokenized (when there is a tokenizer) and seeded random ids (1, length)."""
+    inputs = {}
+    if tokenizer is not None:
+        for n, text in enumerate(PROMPTS):
+            ids = [i for i in tokenizer.encode(text) if i < vocab_size][:length]
+            if ids:
+                inputs[f"prompt{n}"] = torch.tensor([ids])
+    g = torch.Generator().manual_seed(seed)
+    inputs["random"] = torch.randint(0, vocab_size, (1, length), generator=g)
+    return inputs
+
+
+def load_transformers_model(folder: Path) -> nn.Module:
+    """transformers' own model for the checkpoint, fp32 and eager attention: the reference."""
+    try:
+        import transformers
+        from transformers import AutoModelForCausalLM
+    except ImportError:
+        raise GptconvError("verify needs transformers for the reference (pip install 'gptconv[reference]'), "
+                           "or a recorded file: --reference ref.safetensors") from None
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager").eval()
+
+
+@torch.no_grad()
+def reference_steps(hf_model: nn.Module, arch: str, n_layers: int, ids: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Run transformers on ids (B, T) and catch each mapped step's output, plus the logits."""
+    modules = dict(hf_model.named_modules())
+    steps: dict[str, torch.Tensor] = {}
+    hooks = []
+    for step, module in REFERENCE_TAPS[arch].items():
+        for i in range(n_layers) if "{i}" in step else [None]:
+            name = step.format(i=i)
+
+            def hook(_m, _inp, out, name=name):
+                steps[name] = (out[0] if isinstance(out, tuple) else out).detach().float()
+            hooks.append(modules[module.format(i=i)].register_forward_hook(hook))
+    try:
+        steps["logits"] = hf_model(ids, use_cache=False).logits.float()
+    finally:
+        for h in hooks:
+            h.remove()
+    return steps
+
+
+def save_reference(path: Path, records: dict[str, dict[str, torch.Tensor]], inputs: dict[str, torch.Tensor],
+                   meta: dict[str, str]) -> None:
+    tensors = {f"{name}/ids": ids.contiguous() for name, ids in inputs.items()}
+    for name, steps in records.items():
+        tensors.update({f"{name}/{step}": t.contiguous() for step, t in steps.items()})
+    meta = {**meta, "gptconv_reference": "1", "inputs": json.dumps(list(inputs))}
+    tmp = path.with_name(path.name + ".partial")
+    save_file(tensors, str(tmp), metadata=meta)
+    tmp.replace(path)
+
+
+def read_reference(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]], dict[str, str]]:
+    """(inputs, steps per input, metadata) from a file ``save_reference`` wrote."""
+    try:
+        f = safe_open(str(path), framework="pt")
+        meta = f.metadata() or {}
+        if meta.get("gptconv_reference") != "1":
+            raise where(path, "not a gptconv reference file (write one with `gptconv reference`)")
+        names = json.loads(meta["inputs"])
+        inputs, records = {}, {}
+        for key in f.keys():
+            name, _, step = key.partition("/")
+            if name not in names:
+                raise where(path, f"tensor '{key}' belongs to no listed input")
+            if step == "ids":
+                inputs[name] = f.get_tensor(key)
+            else:
+                records.setdefault(name, {})[step] = f.get_tensor(key)
+    except (SafetensorError, OSError, KeyError, json.JSONDecodeError) as e:
+        raise where(path, f"not a readable reference file ({e})") from None
+    missing = [n for n in names if n not in inputs or "logits" not in records.get(n, {})]
+    if missing:
+        raise where(path, f"input '{missing[0]}' has no ids or no logits")
+    return inputs, records, meta

@@ -1,0 +1,47 @@
+"""The trace: every named step of the forward pass, in order, with its shape and statistics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    shape: tuple[int, ...]
+    mean: float
+    std: float
+    min: float
+    max: float
+
+
+def _step(name: str, x: torch.Tensor) -> Step:
+    x = x.detach().float()
+    return Step(name, tuple(x.shape), x.mean().item(), x.std(correction=0).item(), x.min().item(), x.max().item())
+
+
+@torch.no_grad()
+def trace(model: nn.Module, ids: torch.Tensor) -> tuple[list[Step], torch.Tensor]:
+    """Run ``model`` on ids (B, T); return its steps (ids first, logits last) and the logits."""
+    steps = [_step("ids", ids)]
+    logits = model(ids, tap=lambda name, x: steps.append(_step(name, x)))
+    return steps, logits
+
+
+# What each step is, for a reader of the trace (block steps share one line).
+EXPLAIN = {
+    "ids": "token ids from the tokenizer",
+    "token_embedding": "wte[ids]: one d-vector per token",
+    "position_embedding": "+ wpe[0:T]: where each token is (GPT-2 only)",
+    "embedding_dropout": "dropout (identity in eval mode)",
+    "block": "x + attn(norm1(x)), then x + mlp(norm2(x)); attention is the only step mixing positions",
+    "final_norm": "final norm of the residual stream before the head",
+    "logits": "LM head: one score per vocabulary entry at each position",
+}
+
+
+def explain(name: str) -> str:
+    return EXPLAIN.get(name.split(".")[0], "")

@@ -1,0 +1,108 @@
+"""Parity: our model against a reference, step by step, to tolerances stated once per dtype."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.nn as nn
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """A step passes when max|ours − ref| ≤ atol + rtol · max|ref| of that step."""
+
+    atol: float
+    rtol: float
+    min_top1: float  # fraction of positions whose argmax must agree
+
+    def allowed(self, ref: torch.Tensor) -> float:
+        return self.atol + self.rtol * ref.abs().max().item()
+
+
+# Our model in this dtype against transformers in fp32. The only place tolerances are set.
+TOLERANCES: dict[torch.dtype, Tolerance] = {
+    torch.float32: Tolerance(atol=1e-4, rtol=1e-5, min_top1=1.0),
+    torch.float16: Tolerance(atol=5e-2, rtol=1e-2, min_top1=0.95),
+    torch.bfloat16: Tolerance(atol=1e-1, rtol=4e-2, min_top1=0.90),
+}
+
+
+@dataclass
+class StepDiff:
+    name: str
+    max_abs_diff: float
+    allowed: float
+    passed: bool
+
+
+@dataclass
+class Report:
+    source: str
+    reference: str
+    dtype: str
+    tolerance: dict
+    inputs: dict[str, int]  # input name → length
+    steps: list[StepDiff] = field(default_factory=list)
+    max_abs_diff: float = 0.0  # at the logits
+    top1_agreement: float = 1.0
+    kl_mean: float = 0.0
+    kl_max: float = 0.0
+    first_divergent_step: str | None = None
+    passed: bool = False
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@torch.no_grad()
+def our_steps(model: nn.Module, ids: torch.Tensor, wanted: set[str]) -> dict[str, torch.Tensor]:
+    steps: dict[str, torch.Tensor] = {}
+
+    def tap(name: str, x: torch.Tensor) -> None:
+        if name in wanted:
+            steps[name] = x.detach().float()
+    model(ids, tap=tap)
+    return steps
+
+
+def kl_per_position(ref_logits: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """KL(p_ref ‖ p_ours) in nats at each position."""
+    ref_lp = torch.log_softmax(ref_logits.double(), dim=-1)
+    lp = torch.log_softmax(logits.double(), dim=-1)
+    return (ref_lp.exp() * (ref_lp - lp)).sum(-1).flatten()
+
+
+def compare(model: nn.Module, inputs: dict[str, torch.Tensor], references: dict[str, dict[str, torch.Tensor]],
+            source: str, reference: str) -> Report:
+    """Run ``model`` on each input and compare every step the reference recorded."""
+    dtype = next(model.parameters()).dtype
+    tol = TOLERANCES[dtype]
+    report = Report(source, reference, str(dtype).removeprefix("torch."), asdict(tol),
+                    {name: ids.shape[1] for name, ids in inputs.items()})
+    worst: dict[str, StepDiff] = {}
+    agree = total = 0
+    kls = []
+    for name, ids in inputs.items():
+        ref = references[name]
+        ours = our_steps(model, ids, set(ref))
+        for step, ref_t in ref.items():
+            if step not in ours:
+                raise ValueError(f"the reference has step '{step}', which our model does not compute")
+            diff = (ours[step] - ref_t).abs().max().item()
+            allowed = tol.allowed(ref_t)
+            prev = worst.get(step)
+            if prev is None or diff - allowed > prev.max_abs_diff - prev.allowed:
+                worst[step] = StepDiff(step, diff, allowed, diff <= allowed)
+        agree += (ours["logits"].argmax(-1) == ref["logits"].argmax(-1)).sum().item()
+        total += ref["logits"][..., 0].numel()
+        kls.append(kl_per_position(ref["logits"], ours["logits"]))
+    order = list(ours)  # the trace order of the last input
+    report.steps = sorted(worst.values(), key=lambda s: order.index(s.name))
+    report.max_abs_diff = worst["logits"].max_abs_diff
+    report.top1_agreement = agree / total
+    kl = torch.cat(kls)
+    report.kl_mean, report.kl_max = kl.mean().item(), kl.max().item()
+    report.first_divergent_step = next((s.name for s in report.steps if not s.passed), None)
+    report.passed = report.first_divergent_step is None and report.top1_agreement >= tol.min_top1
+    return report
