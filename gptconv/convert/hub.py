@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 import httpx2
-from huggingface_hub import HfApi, constants, snapshot_download
+from huggingface_hub import HfApi, constants, snapshot_download, try_to_load_from_cache
 from huggingface_hub.errors import (
     GatedRepoError,
     HfHubHTTPError,
@@ -70,16 +70,17 @@ def fetch(repo_id: str, revision: str | None = None, prefer_cache: bool = False)
     """
     label = repo_id + (f"@{revision}" if revision else "")
     if prefer_cache or constants.HF_HUB_OFFLINE:
-        try:
-            return Path(snapshot_download(repo_id, revision=revision, local_files_only=True))
-        except (LocalEntryNotFoundError, FileNotFoundError):
-            if constants.HF_HUB_OFFLINE:
-                raise GptconvError(f"{label}: HF_HUB_OFFLINE is set and the model is not in the cache "
-                                   f"({constants.HF_HUB_CACHE}); run `gptconv pull {repo_id}` online first") from None
+        # The snapshot a pull left: its config.json's folder (the weights are checked on open).
+        cached = try_to_load_from_cache(repo_id, "config.json", revision=revision)
+        if isinstance(cached, str):
+            return Path(cached).parent
+        if constants.HF_HUB_OFFLINE:
+            raise GptconvError(f"{label}: HF_HUB_OFFLINE is set and the model is not in the cache "
+                               f"({constants.HF_HUB_CACHE}); run `gptconv pull {repo_id}` online first")
     try:
         info = HfApi().model_info(repo_id, revision=revision)
         names = files_to_fetch([s.rfilename for s in info.siblings or []])
-        folder = snapshot_download(repo_id, revision=info.sha, allow_patterns=names)
+        folder = snapshot_download(repo_id, revision=revision, allow_patterns=names)  # records refs/<revision>
         return Path(folder)
     except GptconvError as e:
         raise GptconvError(f"{label}: {e}") from None

@@ -1,0 +1,88 @@
+"""The verify report: passes on a good conversion, and names the first divergent step on a bad one."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+
+import pytest
+from safetensors.torch import load_file, save_file
+
+from gptconv import convert
+from gptconv.api import verify_source
+from gptconv.convert.keymap import IDENTITY
+from helpers import run_cli
+
+
+def test_verify_passes_and_reports_json(ckpts):
+    r = run_cli("verify", ckpts["odd"], "--json")
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert report["passed"] is True and report["top1_agreement"] == 1.0
+    assert report["max_abs_diff"] <= 1e-4
+    names = [s["name"] for s in report["steps"]]
+    assert names == ["embedding_dropout", "block.0", "block.1", "block.2", "final_norm", "logits"]
+    assert report["inputs"]["random"] == 37  # the full context of the fixture
+    assert report["tolerance"] == {"atol": 1e-4, "rtol": 1e-5, "min_top1": 1.0}
+
+
+def test_verify_text_report(ckpts):
+    r = run_cli("verify", ckpts["tiny"])
+    assert r.returncode == 0, r.stderr
+    assert "PASSED" in r.stdout and "top-1 agreement = 100.00%" in r.stdout
+
+
+def test_swapped_tensors_fail_at_the_first_divergent_block(ckpts, tmp_path):
+    """Reference recorded from the good checkpoint; the copy has two blocks' norms swapped."""
+    ref = tmp_path / "ref.safetensors"
+    r = run_cli("reference", ckpts["odd"], "-o", ref)
+    assert r.returncode == 0, r.stderr
+    bad = tmp_path / "bad"
+    shutil.copytree(ckpts["odd"], bad)
+    state = load_file(bad / "model.safetensors")
+    a, b = "transformer.h.1.ln_2.weight", "transformer.h.2.ln_2.weight"
+    state[a], state[b] = state[b], state[a]
+    save_file(state, str(bad / "model.safetensors"), metadata={"format": "pt"})
+
+    r = run_cli("verify", bad, "--reference", ref, "--json")
+    assert r.returncode == 1, r.stderr
+    report = json.loads(r.stdout)
+    assert report["passed"] is False and report["first_divergent_step"] == "block.1"
+    assert [s["passed"] for s in report["steps"]][:2] == [True, True]  # embedding and block.0 still agree
+
+    r = run_cli("verify", ckpts["odd"], "--reference", ref)
+    assert r.returncode == 0 and "PASSED" in r.stdout
+
+
+def test_dropped_conv1d_transpose_is_caught(ckpts, monkeypatch):
+    """A test-only map that forgets the Conv1D transpose on the (square) attention output."""
+    family = convert.HF_FAMILIES["gpt2"]
+    rules = [dataclasses.replace(r, transform=IDENTITY) if r.source.endswith("attn.c_proj.weight") else r
+             for r in family.keymap.rules]
+    broken = convert.KeyMap("gpt2 without transpose", rules, family.keymap.legacy_prefix)
+    monkeypatch.setitem(convert.HF_FAMILIES, "gpt2", dataclasses.replace(family, keymap=broken))
+    report = verify_source(str(ckpts["tiny"]))
+    assert not report.passed and report.first_divergent_step == "block.0"
+    assert report.top1_agreement < 0.9
+
+
+def test_verify_against_a_recorded_file_needs_no_transformers(ckpts, tmp_path):
+    ref = tmp_path / "ref.safetensors"
+    assert run_cli("reference", ckpts["tiny"], "-o", ref).returncode == 0
+    blocker = tmp_path / "no-transformers"
+    blocker.mkdir()
+    (blocker / "transformers.py").write_text("raise ImportError('transformers is not installed here')\n")
+    env = {**os.environ, "PYTHONPATH": f"{blocker}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    assert run_cli("verify", ckpts["tiny"], env=env).returncode == 2  # live verify: says it needs transformers
+    r = run_cli("verify", ckpts["tiny"], "--reference", ref, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "recorded" in r.stdout and "PASSED" in r.stdout
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_reduced_precision_reports_its_own_tolerance(ckpts, dtype):
+    report = verify_source(str(ckpts["tiny"]), dtype=dtype)
+    assert report.dtype == dtype and report.tolerance["atol"] > 1e-4
+    assert report.top1_agreement >= report.tolerance["min_top1"]
