@@ -52,7 +52,7 @@ class Source:
         return self.config.arch
 
     def plan(self, model: nn.Module) -> Plan:
-        return self.family.keymap.plan(self.tensors, model_shapes(model), self.config, origin=self.path)
+        return self.family.keymap(self.config).plan(self.tensors, model_shapes(model), self.config, origin=self.path)
 
 
 def resolve(source: str | Path, revision: str | None = None, prefer_cache: bool = True) -> tuple[Path, str | None]:

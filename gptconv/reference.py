@@ -20,6 +20,7 @@ from .errors import GptconvError, where
 REFERENCE_TAPS: dict[str, dict[str, str]] = {
     "gpt2": {"embedding_dropout": "transformer.drop", "block.{i}": "transformer.h.{i}",
              "final_norm": "transformer.ln_f"},
+    "llama": {"token_embedding": "model.embed_tokens", "block.{i}": "model.layers.{i}", "final_norm": "model.norm"},
 }
 
 PROMPTS = (

@@ -55,8 +55,8 @@ def _scramble_norms(model: torch.nn.Module) -> None:
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if p.ndim == 1:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.1 + (1.0 if name.endswith("weight") and "ln" in name else 0.0))
+            if p.ndim == 1:  # norms and biases
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1 + (1.0 if name.endswith("weight") and ("ln" in name or "norm" in name) else 0.0))
 
 
 def resave_as_bin(src: Path, dst: Path, legacy: bool = False) -> Path:
@@ -96,3 +96,59 @@ def copy_side_files(src: Path, dst: Path) -> None:
     for f in src.iterdir():
         if f.suffix in (".json", ".txt") and not f.name.endswith("index.json"):
             (dst / f.name).write_bytes(f.read_bytes())
+
+
+LLAMA_SHAPES = {
+    # Llama-2 style: multi-head attention, untied head
+    "llama2-mha": dict(vocab_size=512, max_position_embeddings=128, hidden_size=64, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=4, intermediate_size=176),
+    # Llama-3 style GQA with n_heads / n_kv_heads = 3 != n_kv_heads = 2
+    "llama3-gqa": dict(vocab_size=480, max_position_embeddings=96, hidden_size=72, num_hidden_layers=3,
+                       num_attention_heads=6, num_key_value_heads=2, intermediate_size=160, rope_theta=500000.0),
+    # Llama 3.1 scaling with a small original context, tested far past it
+    "llama31-scaled": dict(vocab_size=400, max_position_embeddings=256, hidden_size=64, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+                           rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                         "high_freq_factor": 4.0, "original_max_position_embeddings": 32},
+                           rope_theta=10000.0),
+    "linear-scaled": dict(vocab_size=400, max_position_embeddings=128, hidden_size=64, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+                          rope_scaling={"type": "linear", "factor": 4.0}),
+    "tied": dict(vocab_size=448, max_position_embeddings=64, hidden_size=48, num_hidden_layers=2,
+                 num_attention_heads=3, num_key_value_heads=1, intermediate_size=96, tie_word_embeddings=True),
+    # head_dim set apart from hidden_size / heads (as Qwen3 and Gemma do)
+    "head-dim": dict(vocab_size=400, max_position_embeddings=64, hidden_size=64, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=2, intermediate_size=128, head_dim=24),
+    "biases": dict(vocab_size=400, max_position_embeddings=64, hidden_size=64, num_hidden_layers=2,
+                   num_attention_heads=4, num_key_value_heads=2, intermediate_size=128, attention_bias=True,
+                   mlp_bias=True),
+    # Qwen2: q/k/v biases (always on), no output bias; make it with model_type="qwen2"
+    "qwen2": dict(vocab_size=400, max_position_embeddings=64, hidden_size=64, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, intermediate_size=128, rope_theta=1000000.0),
+}
+
+
+def make_llama(folder: Path, shape: str, seed: int = 0, init: float = 0.2, model_type: str = "llama") -> Path:
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    torch.manual_seed(seed)
+    kwargs = dict(LLAMA_SHAPES[shape], initializer_range=init, bos_token_id=1, eos_token_id=2)
+    if model_type == "qwen2":
+        model = Qwen2ForCausalLM(Qwen2Config(**kwargs))
+    else:
+        model = LlamaForCausalLM(LlamaConfig(**kwargs))
+    _scramble_norms(model)
+    model.save_pretrained(folder)
+    write_bpe_tokenizer(folder, kwargs["vocab_size"])
+    return folder
+
+
+def legacy_rope_config(folder: Path) -> Path:
+    """Rewrite config.json in the pre-transformers-5 form: top-level rope_theta, rope_scaling with 'type'."""
+    cfg = json.loads((folder / "config.json").read_text())
+    params = cfg.pop("rope_parameters")
+    cfg["rope_theta"] = params.pop("rope_theta")
+    if params.get("rope_type", "default") != "default":
+        params["type"] = params.pop("rope_type")
+        cfg["rope_scaling"] = params
+    (folder / "config.json").write_text(json.dumps(cfg))
+    return folder

@@ -60,9 +60,9 @@ def test_dropped_conv1d_transpose_is_caught(ckpts, monkeypatch):
     """A test-only map that forgets the Conv1D transpose on the (square) attention output."""
     family = convert.HF_FAMILIES["gpt2"]
     rules = [dataclasses.replace(r, transform=IDENTITY) if r.source.endswith("attn.c_proj.weight") else r
-             for r in family.keymap.rules]
-    broken = convert.KeyMap("gpt2 without transpose", rules, family.keymap.legacy_prefix)
-    monkeypatch.setitem(convert.HF_FAMILIES, "gpt2", dataclasses.replace(family, keymap=broken))
+             for r in convert.GPT2_HF.rules]
+    broken = convert.KeyMap("gpt2 without transpose", rules, convert.GPT2_HF.legacy_prefix)
+    monkeypatch.setitem(convert.HF_FAMILIES, "gpt2", dataclasses.replace(family, keymap=lambda config: broken))
     report = verify_source(str(ckpts["tiny"]))
     assert not report.passed and report.first_divergent_step == "block.0"
     assert report.top1_agreement < 0.9

@@ -2,6 +2,7 @@
 
 - ``keymap``: the generic key-mapping engine and its ledger;
 - ``gpt2``: GPT-2's HF config parser and key table;
+- ``llama``: the same for the Llama family (llama, mistral, qwen2);
 - ``checkpoint``: reading a local HF folder (safetensors, shards, .bin);
 - ``hub``: fetching from the Hugging Face Hub.
 """
@@ -14,19 +15,25 @@ from typing import Any
 
 from .gpt2 import GPT2_HF, gpt2_config_from_hf, gpt2_config_to_hf
 from .keymap import KeyMap, Plan, TensorInfo, model_shapes
+from .llama import llama_config_from_hf, llama_config_to_hf, llama_hf_keymap
 
 
 @dataclass(frozen=True)
 class HFFamily:
-    """What converting one HF ``model_type`` takes: its config parser, inverse, and key table."""
+    """What converting one HF ``model_type`` takes: its config parser, inverse, and key table
+    (a function of our config, since a tied head changes what ``lm_head.weight`` is)."""
 
     config_from_hf: Callable[[dict[str, Any], object], Any]
     config_to_hf: Callable[[Any], dict[str, Any]]
-    keymap: KeyMap
+    keymap: Callable[[Any], KeyMap]
 
 
+_LLAMA = HFFamily(llama_config_from_hf, llama_config_to_hf, llama_hf_keymap)
 HF_FAMILIES: dict[str, HFFamily] = {
-    "gpt2": HFFamily(gpt2_config_from_hf, gpt2_config_to_hf, GPT2_HF),
+    "gpt2": HFFamily(gpt2_config_from_hf, gpt2_config_to_hf, lambda config: GPT2_HF),
+    "llama": _LLAMA,
+    "mistral": _LLAMA,
+    "qwen2": _LLAMA,
 }
 
 __all__ = ["GPT2_HF", "HFFamily", "HF_FAMILIES", "KeyMap", "Plan", "TensorInfo", "model_shapes"]

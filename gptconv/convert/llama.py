@@ -1,0 +1,130 @@
+"""Llama family from Hugging Face (llama, mistral, qwen2): config.json → LlamaConfig, and the key map."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..models.llama import LlamaConfig
+from ..models.rope import RopeScaling
+from .hf_config import ConfigFields, build_config
+from .keymap import Drop, KeyMap, Map, Tied
+
+
+def rope_from_hf(f: ConfigFields) -> tuple[float, RopeScaling | None]:
+    """(theta, scaling) from transformers 5's ``rope_parameters`` or the legacy ``rope_theta`` / ``rope_scaling``."""
+    params = f.dict("rope_parameters", None)
+    if params is None:  # legacy: theta at top level, scaling (if any) in rope_scaling with 'type' or 'rope_type'
+        params = dict(f.dict("rope_scaling", None) or {})
+        params.setdefault("rope_theta", f.float("rope_theta", 10000.0))
+    p = ConfigFields(params, f"{f.origin} (rope parameters)")
+    theta = p.float("rope_theta", 10000.0)
+    kind = p.str("rope_type", None) or p.str("type", None) or "default"
+    if p.float("partial_rotary_factor", 1.0) != 1.0:
+        raise p.error("partial_rotary_factor != 1 (RoPE on part of each head) is not supported")
+    if kind == "default":
+        return theta, None
+    if kind == "linear":
+        return theta, RopeScaling("linear", factor=p.float("factor"))
+    if kind == "llama3":
+        return theta, RopeScaling("llama3", factor=p.float("factor"), low_freq_factor=p.float("low_freq_factor"),
+                                  high_freq_factor=p.float("high_freq_factor"),
+                                  original_context_length=p.int("original_max_position_embeddings"))
+    raise p.error(f"rope_type '{kind}' is not supported (default, linear, llama3)")
+
+
+def llama_config_from_hf(data: dict[str, Any], origin: object) -> LlamaConfig:
+    f = ConfigFields(data, origin)
+    model_type = f.str("model_type")
+    act = f.str("hidden_act", "silu")
+    if act != "silu":
+        raise f.error(f"hidden_act '{act}' is not supported (SwiGLU uses silu)")
+    theta, scaling = rope_from_hf(f)
+    window = None
+    if model_type == "mistral" or (model_type == "qwen2" and f.bool("use_sliding_window", False)):
+        window = f.int("sliding_window", None)
+    if model_type == "qwen2":  # Qwen2 always has q/k/v biases and none on the output
+        qkv_bias, o_bias = True, False
+    else:
+        qkv_bias = o_bias = f.bool("attention_bias", False)
+    for name in ("pretraining_tp",):
+        if f.data.get(name, 1) not in (1, None):
+            raise f.error(f"'{name}' = {f.data[name]!r} is not supported")
+    d, heads = f.int("hidden_size"), f.int("num_attention_heads")
+    return build_config(
+        LlamaConfig, f,
+        vocab_size=f.int("vocab_size"),
+        context_length=f.int("max_position_embeddings"),
+        d_model=d,
+        n_layers=f.int("num_hidden_layers"),
+        n_heads=heads,
+        n_kv_heads=f.int("num_key_value_heads", None) or heads,
+        d_ff=f.int("intermediate_size"),
+        head_dim=f.int("head_dim", None) or 0,
+        norm_eps=f.float("rms_norm_eps", 1e-6),
+        rope_theta=theta,
+        rope_scaling=scaling,
+        tie_embeddings=f.bool("tie_word_embeddings", False),
+        qkv_bias=qkv_bias,
+        o_bias=o_bias,
+        mlp_bias=f.bool("mlp_bias", False) if model_type == "llama" else False,  # only Llama has the option
+        sliding_window=window,
+        bos_token_id=f.token_id("bos_token_id"),
+        eos_token_id=f.token_id("eos_token_id"),
+    )
+
+
+def llama_config_to_hf(c: LlamaConfig) -> dict[str, Any]:
+    """The config.json transformers needs to build LlamaForCausalLM for ``c``."""
+    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": c.rope_theta}
+    if c.rope_scaling is not None:
+        s = c.rope_scaling
+        if s.kind == "factors":
+            raise ValueError("per-frequency RoPE factors have no HF config form")
+        rope.update({"rope_type": s.kind, "factor": s.factor})
+        if s.kind == "llama3":
+            rope.update({"low_freq_factor": s.low_freq_factor, "high_freq_factor": s.high_freq_factor,
+                         "original_max_position_embeddings": s.original_context_length})
+    if c.qkv_bias != c.o_bias:
+        raise ValueError("HF's Llama has one attention_bias for q, k, v and o")
+    return {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "vocab_size": c.vocab_size, "max_position_embeddings": c.context_length, "hidden_size": c.d_model,
+        "num_hidden_layers": c.n_layers, "num_attention_heads": c.n_heads, "num_key_value_heads": c.n_kv_heads,
+        "intermediate_size": c.d_ff, "head_dim": c.head_dim, "rms_norm_eps": c.norm_eps, "hidden_act": "silu",
+        "rope_parameters": rope, "tie_word_embeddings": c.tie_embeddings, "attention_bias": c.qkv_bias,
+        "mlp_bias": c.mlp_bias, "bos_token_id": c.bos_token_id, "eos_token_id": c.eos_token_id,
+    }
+
+
+_LAYER = [
+    ("input_layernorm.weight", "norm1.weight"),
+    ("self_attn.q_proj.weight", "attn.q.weight"),
+    ("self_attn.k_proj.weight", "attn.k.weight"),
+    ("self_attn.v_proj.weight", "attn.v.weight"),
+    ("self_attn.o_proj.weight", "attn.o.weight"),
+    ("self_attn.q_proj.bias", "attn.q.bias"),
+    ("self_attn.k_proj.bias", "attn.k.bias"),
+    ("self_attn.v_proj.bias", "attn.v.bias"),
+    ("self_attn.o_proj.bias", "attn.o.bias"),
+    ("post_attention_layernorm.weight", "norm2.weight"),
+    ("mlp.gate_proj.weight", "mlp.gate.weight"),
+    ("mlp.up_proj.weight", "mlp.up.weight"),
+    ("mlp.down_proj.weight", "mlp.down.weight"),
+    ("mlp.gate_proj.bias", "mlp.gate.bias"),
+    ("mlp.up_proj.bias", "mlp.up.bias"),
+    ("mlp.down_proj.bias", "mlp.down.bias"),
+]
+
+
+def llama_hf_keymap(config: LlamaConfig) -> KeyMap:
+    """HF names need no transform: HF's q/k rows are already in rotate-half order. Bias rows that
+    the config does not enable are absent from the model, and so reported if a file has them."""
+    head = (Tied("lm_head.weight", "tok_emb.weight") if config.tie_embeddings
+            else Map("lm_head.weight", "lm_head.weight"))
+    return KeyMap("llama (Hugging Face)", [
+        Map("model.embed_tokens.weight", "tok_emb.weight"),
+        *(Map(f"model.layers.{{i}}.{src}", f"blocks.{{i}}.{dst}") for src, dst in _LAYER),
+        Map("model.norm.weight", "norm_f.weight"),
+        head,
+        Drop("model.layers.{i}.self_attn.rotary_emb.inv_freq"),  # older files saved RoPE's buffer
+    ])

@@ -1,0 +1,204 @@
+"""Llama family: GPT-2's trace with four substitutions.
+
+No position embedding (RoPE rotates Q and K inside every attention layer), RMSNorm for
+LayerNorm, a SwiGLU MLP for GELU, and grouped-query attention (n_kv_heads ≤ n_heads K/V heads,
+each shared by n_heads / n_kv_heads query heads). Covers Llama 2/3/3.1/3.2, TinyLlama,
+SmolLM2, Mistral and Qwen2 (q/k/v bias).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..errors import GptconvError
+from .attention import causal_attention
+from .kv_cache import KVCache
+from .rope import RopeScaling, rope, rope_angles, rope_frequencies
+from .tap import Tap, check_sizes, no_tap
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    vocab_size: int
+    context_length: int  # HF: max_position_embeddings
+    d_model: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    d_ff: int
+    head_dim: int = 0  # 0: d_model // n_heads
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: RopeScaling | None = None
+    tie_embeddings: bool = False
+    qkv_bias: bool = False  # Qwen2 has biases on q, k, v
+    o_bias: bool = False
+    mlp_bias: bool = False
+    sliding_window: int | None = None  # Mistral v0.1: attention sees the last 4096 positions only
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+
+    arch = "llama"
+
+    def __post_init__(self) -> None:
+        if self.head_dim == 0:
+            object.__setattr__(self, "head_dim", self.d_model // max(self.n_heads, 1))
+        check_sizes(self, {"vocab_size": 10_000_000, "context_length": 1 << 24, "d_model": 1 << 16,
+                           "n_layers": 1024, "n_heads": 1024, "n_kv_heads": 1024, "d_ff": 1 << 20,
+                           "head_dim": 4096})
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads = {self.n_heads} is not a multiple of n_kv_heads = {self.n_kv_heads}")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim = {self.head_dim} is odd: RoPE rotates pairs")
+
+
+def _llama(vocab, ctx, d, layers, heads, kv, ff, theta, **kw) -> LlamaConfig:
+    return LlamaConfig(vocab, ctx, d, layers, heads, kv, ff, rope_theta=theta, **kw)
+
+
+_LLAMA31 = RopeScaling("llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_context_length=8192)
+_LLAMA32 = RopeScaling("llama3", factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0, original_context_length=8192)
+
+PRESETS: dict[str, LlamaConfig] = {
+    "llama-2-7b": _llama(32000, 4096, 4096, 32, 32, 32, 11008, 10000.0, bos_token_id=1, eos_token_id=2),
+    "llama-3-8b": _llama(128256, 8192, 4096, 32, 32, 8, 14336, 500000.0, bos_token_id=128000, eos_token_id=128001),
+    "llama-3.1-8b": _llama(128256, 131072, 4096, 32, 32, 8, 14336, 500000.0, rope_scaling=_LLAMA31,
+                           bos_token_id=128000, eos_token_id=128001),
+    "llama-3.2-1b": _llama(128256, 131072, 2048, 16, 32, 8, 8192, 500000.0, rope_scaling=_LLAMA32,
+                           tie_embeddings=True, head_dim=64, bos_token_id=128000, eos_token_id=128001),
+    "llama-3.2-3b": _llama(128256, 131072, 3072, 28, 24, 8, 8192, 500000.0, rope_scaling=_LLAMA32,
+                           tie_embeddings=True, head_dim=128, bos_token_id=128000, eos_token_id=128001),
+    "tinyllama-1.1b": _llama(32000, 2048, 2048, 22, 32, 4, 5632, 10000.0, bos_token_id=1, eos_token_id=2),
+    "smollm2-135m": _llama(49152, 8192, 576, 30, 9, 3, 1536, 100000.0, tie_embeddings=True,
+                           bos_token_id=1, eos_token_id=2),
+    "smollm2-360m": _llama(49152, 8192, 960, 32, 15, 5, 2560, 100000.0, tie_embeddings=True,
+                           bos_token_id=1, eos_token_id=2),
+    "smollm2-1.7b": _llama(49152, 8192, 2048, 24, 32, 32, 8192, 130000.0, tie_embeddings=True,
+                           bos_token_id=1, eos_token_id=2),
+    "mistral-7b": _llama(32000, 32768, 4096, 32, 32, 8, 14336, 10000.0, sliding_window=4096,
+                         bos_token_id=1, eos_token_id=2),
+    "qwen2.5-0.5b": _llama(151936, 32768, 896, 24, 14, 2, 4864, 1000000.0, tie_embeddings=True, qkv_bias=True,
+                           norm_eps=1e-6, bos_token_id=151643, eos_token_id=151643),
+}
+
+
+class Llama(nn.Module):
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
+        self.norm_f = RMSNorm(config.d_model, config.norm_eps)
+        self.lm_head = None if config.tie_embeddings else nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self._inv_freq: dict[torch.device, torch.Tensor] = {}
+
+    def forward(
+        self, ids: torch.Tensor, cache: KVCache | None = None, last_only: bool = False, tap: Tap = no_tap
+    ) -> torch.Tensor:
+        """Token ids (B, T) → logits (B, T, V), or (B, 1, V) with ``last_only``."""
+        B, T = ids.shape
+        start = cache.pos if cache is not None else 0
+        self._check_length(start + T)
+        x = self.tok_emb(ids)                                       # (B, T, d): no position embedding
+        tap("token_embedding", x)
+        cos, sin = rope_angles(self.inv_freq(ids.device), start, T, x.dtype)  # (T, hd): used inside attention
+        for i, block in enumerate(self.blocks):
+            x = block(x, cos, sin, i, cache)                        # (B, T, d)
+            tap(f"block.{i}", x)
+        if cache is not None:
+            cache.advance(T)
+        if last_only:
+            x = x[:, -1:]                                           # (B, 1, d): only the next token matters
+        x = self.norm_f(x)                                          # (B, T, d)
+        tap("final_norm", x)
+        head = self.tok_emb.weight if self.lm_head is None else self.lm_head.weight
+        logits = F.linear(x, head)                                  # (B, T, V)
+        tap("logits", logits)
+        return logits
+
+    def inv_freq(self, device: torch.device) -> torch.Tensor:
+        if device not in self._inv_freq:
+            c = self.config
+            self._inv_freq[device] = rope_frequencies(c.head_dim, c.rope_theta, c.rope_scaling).to(device)
+        return self._inv_freq[device]
+
+    def _check_length(self, n: int) -> None:
+        c = self.config
+        if c.sliding_window is not None and n > c.sliding_window:
+            raise GptconvError(f"{n} positions asked for, but this model's sliding-window attention "
+                               f"({c.sliding_window}) is not implemented: use at most {c.sliding_window}")
+        if n > c.context_length:
+            raise GptconvError(f"{n} positions asked for; the model has {c.context_length}")
+
+
+class Block(nn.Module):
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.norm1 = RMSNorm(config.d_model, config.norm_eps)
+        self.attn = Attention(config)
+        self.norm2 = RMSNorm(config.d_model, config.norm_eps)
+        self.mlp = SwiGLU(config)
+
+    def forward(self, x, cos, sin, layer: int, cache: KVCache | None) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x), cos, sin, layer, cache)
+        return x + self.mlp(self.norm2(x))
+
+
+class Attention(nn.Module):
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        c = config
+        self.n_heads, self.n_kv_heads, self.head_dim = c.n_heads, c.n_kv_heads, c.head_dim
+        self.q = nn.Linear(c.d_model, c.n_heads * c.head_dim, bias=c.qkv_bias)
+        self.k = nn.Linear(c.d_model, c.n_kv_heads * c.head_dim, bias=c.qkv_bias)
+        self.v = nn.Linear(c.d_model, c.n_kv_heads * c.head_dim, bias=c.qkv_bias)
+        self.o = nn.Linear(c.n_heads * c.head_dim, c.d_model, bias=c.o_bias)
+
+    def forward(self, x, cos, sin, layer: int, cache: KVCache | None) -> torch.Tensor:
+        B, T, _ = x.shape
+        q = self.q(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)     # (B, h, T, hd)
+        k = self.k(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, h_kv, T, hd)
+        v = self.v(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, h_kv, T, hd)
+        q, k = rope(q, cos, sin), rope(k, cos, sin)                # position enters here, and only here
+        past = 0
+        if cache is not None:
+            past = cache.pos
+            k, v = cache.update(layer, k, v)                        # (B, h_kv, past + T, hd)
+        y = causal_attention(q, k, v, past)                         # (B, h, T, hd): GQA shares K/V heads
+        return self.o(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / √(mean(x²) + eps) · weight, the mean taken in float32 (as HF and llama.cpp do)."""
+    x32 = x.float()
+    return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, d: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.weight, self.eps)
+
+
+def swiglu(x: torch.Tensor, gate: nn.Linear, up: nn.Linear, down: nn.Linear) -> torch.Tensor:
+    """down(silu(gate(x)) ⊙ up(x)): d → d_ff → d."""
+    return down(F.silu(gate(x)) * up(x))
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.gate = nn.Linear(config.d_model, config.d_ff, bias=config.mlp_bias)
+        self.up = nn.Linear(config.d_model, config.d_ff, bias=config.mlp_bias)
+        self.down = nn.Linear(config.d_ff, config.d_model, bias=config.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return swiglu(x, self.gate, self.up, self.down)

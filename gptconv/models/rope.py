@@ -1,0 +1,74 @@
+"""Rotary position embedding (RoPE), in Hugging Face's rotate-half layout.
+
+A head vector x of size hd is read as two halves (x₁, x₂); position p rotates each pair
+(x₁[j], x₂[j]) by the angle p · θ_j. HF checkpoints store Q/K projections for this layout, so
+they load without permuting rows (llama.cpp's interleaved layout needs ``permute_qk``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """How the base frequencies are stretched for contexts longer than the pretraining one.
+
+    kind "linear": every θ_j / factor. kind "llama3" (Llama 3.1+): long wavelengths / factor,
+    short ones kept, the band between interpolated. kind "factors": θ_j / factors[j], as
+    llama.cpp stores Llama 3.1 scaling in a GGUF (the ``rope_freqs`` tensor).
+    """
+
+    kind: str
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_context_length: int = 8192
+    factors: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("linear", "llama3", "factors"):
+            raise ValueError(f"rope scaling '{self.kind}' is not supported (only linear, llama3)")
+        if self.kind == "llama3" and self.high_freq_factor <= self.low_freq_factor:
+            raise ValueError("llama3 rope scaling needs high_freq_factor > low_freq_factor")
+
+
+def rope_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None = None) -> torch.Tensor:
+    """θ_j = theta^(-2j / hd) for j < hd / 2, then scaled: (hd / 2,) float32."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    if scaling is None:
+        return inv_freq
+    if scaling.kind == "linear":
+        return inv_freq / scaling.factor
+    if scaling.kind == "factors":
+        return inv_freq / torch.tensor(scaling.factors, dtype=torch.float32)
+    # llama3: a wavelength beyond the original context is divided by factor, one shorter than
+    # original / high_freq_factor is kept, and those between are blended smoothly.
+    old = scaling.original_context_length
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > old / scaling.low_freq_factor, inv_freq / scaling.factor, inv_freq)
+    smooth = (old / wavelen - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
+    blended = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+    medium = (wavelen >= old / scaling.high_freq_factor) & (wavelen <= old / scaling.low_freq_factor)
+    return torch.where(medium, blended, scaled)
+
+
+def rope_angles(inv_freq: torch.Tensor, start: int, length: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin of p · θ for positions start … start+length-1: each (T, hd), computed in float32."""
+    positions = torch.arange(start, start + length, device=inv_freq.device, dtype=torch.float32)
+    angles = torch.outer(positions, inv_freq)          # (T, hd / 2)
+    angles = torch.cat((angles, angles), dim=-1)       # (T, hd): the same angle for both halves
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x (B, h, T, hd) by the angles of its positions."""
+    return x * cos + rotate_half(x) * sin
