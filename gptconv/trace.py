@@ -34,10 +34,11 @@ def trace(model: nn.Module, ids: torch.Tensor) -> tuple[list[Step], torch.Tensor
 # What each step is, for a reader of the trace (block steps share one line).
 EXPLAIN = {
     "ids": "token ids from the tokenizer",
-    "token_embedding": "wte[ids]: one d-vector per token",
+    "token_embedding": "tok_emb[ids]: one d-vector per token",
     "position_embedding": "+ wpe[0:T]: where each token is (GPT-2 only)",
     "embedding_dropout": "dropout (identity in eval mode)",
     "block": "x + attn(norm1(x)), then x + mlp(norm2(x)); attention is the only step mixing positions",
+    "final_norm": "final norm of the residual stream before the head",
     "final_norm": "final norm of the residual stream before the head",
     "logits": "LM head: one score per vocabulary entry at each position",
 }

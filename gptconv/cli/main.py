@@ -89,9 +89,10 @@ def trace(source: str, text: str | None, ids: str | None, dtype: str) -> None:
               help="0 is greedy.")
 @click.option("--top-k", default=None, type=click.IntRange(1), help="Sample from the k most likely tokens.")
 @click.option("--seed", default=None, type=int, help="Seed for sampling.")
+@click.option("--chat", is_flag=True, help="Wrap PROMPT as a user message in the model's chat template.")
 @dtype_opt
 def generate(source: str, prompt: str, max_new_tokens: int, temperature: float, top_k: int | None,
-             seed: int | None, dtype: str) -> None:
+             seed: int | None, chat: bool, dtype: str) -> None:
     """Continue PROMPT, token by token with the KV cache (greedy by default)."""
     from ..api import encode_prompt
     from ..generate import stream
@@ -99,11 +100,12 @@ def generate(source: str, prompt: str, max_new_tokens: int, temperature: float, 
     from ..tokenizer import load_tokenizer
     src = open_source(source)
     tok = load_tokenizer(src)
-    ids = encode_prompt(src, prompt, None)
+    text = tok.apply_chat_template([{"role": "user", "content": prompt}]) if chat else prompt
+    ids = encode_prompt(src, text, None)
     model = load_source(src, dtype)
     stop = {tok.eos_id} if tok.eos_id is not None else set()
     out: list[int] = []
-    click.echo(prompt, nl=False)
+    click.echo(text, nl=False)
     shown = ""
     for token in stream(model, ids, max_new_tokens, temperature=temperature, top_k=top_k, seed=seed, stop_ids=stop):
         out.append(token)

@@ -33,6 +33,10 @@ def trace(src, prompt: list[int], steps: list[Step], logits: torch.Tensor) -> No
     heads = f"{cfg.n_heads} heads" + (f" (K/V: {cfg.n_kv_heads})" if cfg.n_kv_heads != cfg.n_heads else "")
     click.echo(f"{src.arch}: {cfg.n_layers} blocks, d = {cfg.d_model}, {heads}, head_dim = {cfg.head_dim}, "
                f"vocab = {cfg.vocab_size:,}")
+    if src.arch == "llama":
+        scaling = f", {cfg.rope_scaling.kind} scaling" if cfg.rope_scaling else ""
+        click.echo(f"position: no position embedding; RoPE (theta = {cfg.rope_theta:g}{scaling}) rotates Q and K "
+                   f"inside every attention layer; GQA: {cfg.n_heads} query heads share {cfg.n_kv_heads} K/V heads")
     click.echo(f"{'step':<22} {'shape':<20} {'mean':>10} {'std':>10} {'min':>10} {'max':>10}  what")
     for n, st in enumerate(steps):
         shape = "(" + ", ".join(str(d) for d in st.shape) + ")"
