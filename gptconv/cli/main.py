@@ -7,6 +7,7 @@ Exit status: 0 success; 1 a parity check failed; 2 bad input or usage (one line 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -27,6 +28,9 @@ class Group(click.Group):
             raise
         except KeyboardInterrupt:
             fail(ctx, "interrupted", code=130)
+        except BrokenPipeError:  # `gptconv inspect … | head`: the reader left; say nothing more
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            sys.exit(1)
         except Exception as e:  # a bug, or input we failed to classify: still one line
             fail(ctx, f"unexpected {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} "
                       "(rerun with --debug for the traceback)")

@@ -1,0 +1,78 @@
+"""GGUF import errors: unsupported architecture, missing key, wrong shape, corrupt bytes: one line, exit 2."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGUFWriter
+
+from helpers import run_cli
+from test_cli_errors import one_line_error
+
+
+def write_llama_gguf(path, arch="llama", skip_key=None, bad_shape=False, n_layers=1):
+    w = GGUFWriter(str(path), arch)
+    meta = {"context_length": 64, "embedding_length": 32, "block_count": n_layers, "feed_forward_length": 64,
+            "head_count": 4, "head_count_kv": 2, "layer_norm_rms_eps": 1e-5}
+    adders = {"context_length": w.add_context_length, "embedding_length": w.add_embedding_length,
+              "block_count": w.add_block_count, "feed_forward_length": w.add_feed_forward_length,
+              "head_count": w.add_head_count, "head_count_kv": w.add_head_count_kv,
+              "layer_norm_rms_eps": w.add_layer_norm_rms_eps}
+    for key, value in meta.items():
+        if key != skip_key:
+            adders[key](value)
+    w.add_vocab_size(100)
+    rng = np.random.default_rng(0)
+    t = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
+    w.add_tensor("token_embd.weight", t(100, 32))
+    for i in range(n_layers):
+        w.add_tensor(f"blk.{i}.attn_norm.weight", t(32))
+        w.add_tensor(f"blk.{i}.attn_q.weight", t(32, 32))
+        w.add_tensor(f"blk.{i}.attn_k.weight", t(16, 32 if not bad_shape else 31))
+        w.add_tensor(f"blk.{i}.attn_v.weight", t(16, 32))
+        w.add_tensor(f"blk.{i}.attn_output.weight", t(32, 32))
+        w.add_tensor(f"blk.{i}.ffn_norm.weight", t(32))
+        w.add_tensor(f"blk.{i}.ffn_gate.weight", t(64, 32))
+        w.add_tensor(f"blk.{i}.ffn_up.weight", t(64, 32))
+        w.add_tensor(f"blk.{i}.ffn_down.weight", t(32, 64))
+    w.add_tensor("output_norm.weight", t(32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_a_valid_file_loads(tmp_path):
+    r = run_cli("pull", write_llama_gguf(tmp_path / "ok.gguf"))
+    assert r.returncode == 0, r.stderr
+    assert "architecture  llama" in r.stdout
+
+
+def test_unsupported_architecture(tmp_path):
+    one_line_error(run_cli("pull", write_llama_gguf(tmp_path / "mamba.gguf", arch="mamba")),
+                   "mamba.gguf", "GGUF architecture 'mamba' is not supported")
+
+
+@pytest.mark.parametrize("key", ["embedding_length", "block_count", "head_count"])
+def test_missing_required_key(tmp_path, key):
+    one_line_error(run_cli("pull", write_llama_gguf(tmp_path / "m.gguf", skip_key=key)),
+                   "m.gguf", "missing metadata key")
+
+
+def test_tensor_of_the_wrong_shape(tmp_path):
+    one_line_error(run_cli("pull", write_llama_gguf(tmp_path / "s.gguf", bad_shape=True)),
+                   "'blk.0.attn_k.weight' is [16, 31]", "needs [16, 32]")
+
+
+def test_bad_magic_and_truncation(tmp_path):
+    good = write_llama_gguf(tmp_path / "good.gguf").read_bytes()
+    (tmp_path / "magic.gguf").write_bytes(b"GGUX" + good[4:])
+    one_line_error(run_cli("pull", tmp_path / "magic.gguf"), "magic.gguf", "not a readable GGUF file")
+    (tmp_path / "cut.gguf").write_bytes(good[: len(good) // 2])
+    one_line_error(run_cli("pull", tmp_path / "cut.gguf"), "cut.gguf")
+
+
+def test_no_tokenizer_in_file_is_said(tmp_path):
+    one_line_error(run_cli("trace", write_llama_gguf(tmp_path / "t.gguf"), "hello"), "t.gguf",
+                   "missing metadata key 'tokenizer.ggml.model'")

@@ -1,0 +1,97 @@
+"""Our Llama against transformers' LlamaForCausalLM / Qwen2ForCausalLM, random init at 0.2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import gptconv
+from gptconv.errors import GptconvError
+from gptconv.generate import generate
+from helpers import hf_model, random_ids
+from test_gpt2_parity import FP32_ATOL
+
+FIXTURES = ["llama2-mha", "llama3-gqa", "llama31-scaled", "linear-scaled", "tied", "head-dim", "biases", "qwen2",
+            "llama31-legacy-config", "linear-legacy-config"]
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+def test_logits_match_transformers_at_full_length(llamas, name):
+    ours = gptconv.load(llamas[name])
+    ref = hf_model(llamas[name])
+    ids = random_ids(ours.config.vocab_size, ours.config.context_length)  # llama31-scaled: 256 ≫ 32 original
+    with torch.no_grad():
+        a, b = ours(ids), ref(ids).logits
+    diff = (a - b).abs().max().item()
+    print(f"\n{name}: fp32 max|Δ| = {diff:.3e}")
+    assert diff <= FP32_ATOL
+    assert torch.equal(a.argmax(-1), b.argmax(-1))
+
+
+def test_fixtures_have_the_features_they_claim(llamas):
+    cfg = {n: gptconv.open_source(llamas[n]).config for n in FIXTURES}
+    assert cfg["llama2-mha"].n_kv_heads == cfg["llama2-mha"].n_heads
+    gqa = cfg["llama3-gqa"]
+    assert gqa.n_heads // gqa.n_kv_heads != gqa.n_kv_heads
+    for name in ("llama31-scaled", "llama31-legacy-config"):
+        s = cfg[name].rope_scaling
+        assert s.kind == "llama3" and s.original_context_length * 8 == cfg[name].context_length
+    assert cfg["linear-legacy-config"].rope_scaling.kind == "linear"
+    assert cfg["tied"].tie_embeddings and not cfg["llama2-mha"].tie_embeddings
+    assert cfg["head-dim"].head_dim * cfg["head-dim"].n_heads != cfg["head-dim"].d_model
+    assert cfg["biases"].qkv_bias and cfg["biases"].o_bias and cfg["biases"].mlp_bias
+    assert cfg["qwen2"].qkv_bias and not cfg["qwen2"].o_bias
+    assert "rope_scaling" in json.loads((llamas["llama31-legacy-config"] / "config.json").read_text())
+
+
+@pytest.mark.parametrize("name", ["llama3-gqa", "llama31-scaled", "tied", "qwen2"])
+def test_kv_cache_generation_equals_recompute_and_transformers(llamas, name):
+    model = gptconv.load(llamas[name])
+    prompt = random_ids(model.config.vocab_size, 6, batch=1, seed=5)[0].tolist()
+    n = min(model.config.context_length, 120) - len(prompt)  # the scaled fixture runs past position 32
+    cached = generate(model, prompt, n)
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            ids.append(int(model(torch.tensor([ids]))[0, -1].argmax()))
+    assert cached == ids[len(prompt):]
+    out = hf_model(llamas[name]).generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False,
+                                          pad_token_id=0, eos_token_id=None)
+    assert cached == out[0, len(prompt):].tolist()
+
+
+def _with_config(folder, tmp_path, **changes):
+    import shutil
+    dst = tmp_path / "changed"
+    shutil.copytree(folder, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    for key, value in changes.items():
+        if value is None:
+            cfg.pop(key, None)
+        else:
+            cfg[key] = value
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return dst
+
+
+def test_unknown_rope_type_is_an_error(llamas, tmp_path):
+    d = _with_config(llamas["llama2-mha"], tmp_path, rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0})
+    with pytest.raises(GptconvError, match="rope_type 'yarn' is not supported"):
+        gptconv.open_source(d)
+
+
+def test_sliding_window_shorter_than_the_input_is_an_error(llamas, tmp_path):
+    d = _with_config(llamas["llama2-mha"], tmp_path, model_type="mistral", sliding_window=16)
+    model = gptconv.load(d)
+    with torch.no_grad():
+        model(torch.zeros(1, 16, dtype=torch.long))  # within the window: fine
+        with pytest.raises(GptconvError, match="sliding-window attention"):
+            model(torch.zeros(1, 17, dtype=torch.long))
+
+
+def test_unsupported_activation_is_an_error(llamas, tmp_path):
+    d = _with_config(llamas["llama2-mha"], tmp_path, hidden_act="gelu")
+    with pytest.raises(GptconvError, match="hidden_act 'gelu' is not supported"):
+        gptconv.open_source(d)
