@@ -155,6 +155,22 @@ def reference(source: str, output: Path, length: int | None, seed: int, revision
 
 
 @cli.command()
+@source_arg
+@click.option("--format", "fmt", required=True, type=click.Choice(["safetensors", "gguf"]))
+@click.option("--dtype", default="f32", show_default=True, type=click.Choice(["f32", "f16", "bf16", "q8_0"]))
+@click.option("-o", "--output", required=True, type=click.Path(path_type=Path))
+@click.option("--max-shard-size", default="5GB", show_default=True, help="safetensors shard limit, e.g. 500MB.")
+@click.option("--force", is_flag=True, help="Replace an existing output.")
+@click.option("--clamp", is_flag=True, help="Clip values beyond the float16 range instead of refusing.")
+@revision_opt
+def export(source: str, fmt: str, dtype: str, output: Path, max_shard_size: str, force: bool, clamp: bool,
+           revision: str | None) -> None:
+    """Write SOURCE as an HF-layout safetensors folder or a GGUF file llama.cpp runs."""
+    from ..convert.export import export as export_
+    render.export_summary(export_(source, output, fmt, dtype, max_shard_size, force, clamp, revision))
+
+
+@cli.command()
 @click.argument("path", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True)
 def inspect(path: Path, as_json: bool) -> None:

@@ -81,3 +81,10 @@ def inspection(result) -> None:
         click.echo(f"metadata {k} = {str(v)[:120]}")
     for name, dtype, shape in result.tensors:
         click.echo(f"  {name:<56} {dtype:<9} {list(shape)}")
+
+
+def export_summary(s) -> None:
+    click.echo(f"exported {s.source} → {s.out} ({s.format}, {s.dtype})")
+    for f in s.files:
+        click.echo(f"  {f.name:<40} {f.bytes:>14,} bytes  sha256 {f.sha256}")
+    click.echo(f"  total {sum(f.bytes for f in s.files):,} bytes")

@@ -6,6 +6,8 @@ Only byte-level BPE (``tokenizer.ggml.model = gpt2``) is built; its pre-tokenize
 
 from __future__ import annotations
 
+import json
+
 from gguf import Keys
 from tokenizers import AddedToken, Regex
 from tokenizers import Tokenizer as HFTokenizer
@@ -26,7 +28,7 @@ def _split_then_bytes(regex: str) -> pre_tokenizers.PreTokenizer:
 
 
 def _pre_tokenizer(name: str) -> pre_tokenizers.PreTokenizer | None:
-    if name in ("gpt2", "default"):
+    if name in ("gpt-2", "gpt2", "default"):
         return pre_tokenizers.ByteLevel(add_prefix_space=False)
     if name == "smollm":  # SmolLM2's own tokenizer.json: every digit apart, then GPT-2's split
         return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
@@ -35,6 +37,35 @@ def _pre_tokenizer(name: str) -> pre_tokenizers.PreTokenizer | None:
         return _split_then_bytes(_LLAMA3_SPLIT)
     if name in ("qwen2", "deepseek-r1-qwen"):
         return _split_then_bytes(_QWEN2_SPLIT)
+    return None
+
+
+PRE_TOKENIZER_NAMES = ("gpt-2", "smollm", "llama-bpe", "qwen2")  # as llama.cpp spells them
+
+
+def _signature(spec: dict | None) -> object:
+    """What decides how a pre-tokenizer splits text, from its JSON (flags that only touch offsets dropped)."""
+    if spec is None:
+        return None
+    kind = spec.get("type")
+    if kind == "Sequence":
+        return tuple(_signature(p) for p in spec["pretokenizers"])
+    if kind == "ByteLevel":
+        return (kind, spec.get("add_prefix_space"), spec.get("use_regex", True))
+    if kind == "Split":
+        return (kind, json.dumps(spec.get("pattern"), sort_keys=True), spec.get("behavior"), spec.get("invert"))
+    if kind == "Digits":
+        return (kind, spec.get("individual_digits"))
+    return (kind, json.dumps(spec, sort_keys=True))
+
+
+def pre_tokenizer_for(spec: dict | None) -> str | None:
+    """The llama.cpp name (``tokenizer.ggml.pre``) of the pre-tokenizer a tokenizer.json describes."""
+    for name in PRE_TOKENIZER_NAMES:
+        probe = HFTokenizer(models.BPE())
+        probe.pre_tokenizer = _pre_tokenizer(name)
+        if _signature(json.loads(probe.to_str())["pre_tokenizer"]) == _signature(spec):
+            return name
     return None
 
 

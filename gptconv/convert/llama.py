@@ -84,10 +84,14 @@ def llama_config_to_hf(c: LlamaConfig) -> dict[str, Any]:
         if s.kind == "llama3":
             rope.update({"low_freq_factor": s.low_freq_factor, "high_freq_factor": s.high_freq_factor,
                          "original_max_position_embeddings": s.original_context_length})
-    if c.qkv_bias != c.o_bias:
+    qwen2 = c.qkv_bias and not c.o_bias  # Qwen2's layout: q/k/v biases, none on o or the MLP
+    if c.qkv_bias != c.o_bias and not (qwen2 and not c.mlp_bias):
         raise ValueError("HF's Llama has one attention_bias for q, k, v and o")
+    if c.sliding_window is not None:
+        raise ValueError("sliding-window configs are not exported")
+    kind = ("Qwen2ForCausalLM", "qwen2") if qwen2 else ("LlamaForCausalLM", "llama")
     return {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "architectures": [kind[0]], "model_type": kind[1],
         "vocab_size": c.vocab_size, "max_position_embeddings": c.context_length, "hidden_size": c.d_model,
         "num_hidden_layers": c.n_layers, "num_attention_heads": c.n_heads, "num_key_value_heads": c.n_kv_heads,
         "intermediate_size": c.d_ff, "head_dim": c.head_dim, "rms_norm_eps": c.norm_eps, "hidden_act": "silu",

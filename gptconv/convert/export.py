@@ -1,0 +1,145 @@
+"""Export: our loaded model → an HF-layout safetensors folder or a GGUF file.
+
+Streaming and atomic: tensors are converted (inverse key map, narrowing checks, cast) and written
+one at a time, into a hidden temporary name beside the destination that is renamed into place
+only when complete. An existing destination is refused unless ``force``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..errors import GptconvError, where
+
+F16_MAX = 65504.0
+EXPORT_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16, "q8_0": None}
+
+
+@dataclass
+class ExportedFile:
+    name: str
+    bytes: int
+    sha256: str
+
+
+@dataclass
+class ExportSummary:
+    source: str
+    out: Path
+    format: str
+    dtype: str
+    files: list[ExportedFile]
+
+
+def parse_size(text: str) -> int:
+    """'5GB', '500MB', '2GiB', '1000000' → bytes."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)?\s*", text, re.IGNORECASE)
+    if not m:
+        raise GptconvError(f"--max-shard-size '{text}': expected a size like 5GB or 500MB")
+    unit = (m.group(2) or "").upper().rstrip("B")
+    scale = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
+             "KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40}[unit]
+    size = int(float(m.group(1)) * scale)
+    if size <= 0:
+        raise GptconvError(f"--max-shard-size '{text}' must be positive")
+    return size
+
+
+class Narrowing:
+    """Checks every tensor on its way to a narrower dtype; names the tensor in every error."""
+
+    def __init__(self, origin: object, clamp: bool) -> None:
+        self.origin, self.clamp = origin, clamp
+
+    def __call__(self, name: str, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        if not torch.isfinite(t).all():
+            raise where(self.origin, f"tensor '{name}' holds NaN or Inf values; refusing to export it")
+        if dtype == torch.float16:
+            peak = t.abs().max().item() if t.numel() else 0.0
+            if peak > F16_MAX:
+                if not self.clamp:
+                    raise where(self.origin, f"tensor '{name}' has |w| = {peak:g} > {F16_MAX:g}, the float16 maximum; "
+                                             "export as bf16/f32, or pass --clamp to clip it")
+                t = t.clamp(-F16_MAX, F16_MAX)
+        return t.to(dtype)
+
+
+@contextlib.contextmanager
+def atomic_output(out: Path, force: bool) -> Iterator[Path]:
+    """Yield a temporary path beside ``out``; on success it replaces ``out``, on failure it is removed."""
+    if out.exists() and not force:
+        raise where(out, "already exists; pass --force to replace it")
+    if not out.parent.is_dir():
+        raise where(out.parent, "no such folder")
+    tmp = out.with_name(f".{out.name}.partial-{os.getpid()}")
+    _remove(tmp)
+    try:
+        yield tmp
+    except BaseException:
+        _remove(tmp)
+        raise
+    if tmp.is_dir() and out.exists():  # a folder cannot be swapped in one rename: move the old one aside first
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        out.rename(old)
+        tmp.rename(out)
+        _remove(old)
+    else:
+        os.replace(tmp, out)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
+
+
+def export(source: str, out: Path, format: str = "safetensors", dtype: str = "f32", max_shard_size: str = "5GB",
+           force: bool = False, clamp: bool = False, revision: str | None = None) -> ExportSummary:
+    """Write ``source`` as an HF folder (``format="safetensors"``) or a GGUF file (``format="gguf"``)."""
+    from ..loader import load_source, open_source
+    from ..tokenizer import load_tokenizer
+    if format not in ("safetensors", "gguf"):
+        raise GptconvError(f"--format '{format}': choose safetensors or gguf")
+    if dtype not in EXPORT_DTYPES:
+        raise GptconvError(f"--dtype '{dtype}': choose one of {', '.join(EXPORT_DTYPES)}")
+    if dtype == "q8_0" and format != "gguf":
+        raise GptconvError("--dtype q8_0 exists only in GGUF")
+    out = Path(out)
+    shard_bytes = parse_size(max_shard_size)
+    if out.exists() and not force:  # before loading anything
+        raise where(out, "already exists; pass --force to replace it")
+    src = open_source(source, revision)
+    model = load_source(src, _load_dtype(src))
+    try:
+        tokenizer = load_tokenizer(src)
+    except GptconvError:
+        tokenizer = None
+    narrow = Narrowing(src.path, clamp)
+    with atomic_output(out, force) as tmp:
+        if format == "safetensors":
+            from .hf_export import write_hf_folder
+            files = write_hf_folder(model, src, tokenizer, tmp, EXPORT_DTYPES[dtype], shard_bytes, narrow)
+        else:
+            from .gguf_export import write_gguf
+            if tokenizer is None:
+                raise where(src.path, "has no tokenizer, which a GGUF file must carry")
+            files = [write_gguf(model, src, tokenizer, tmp, dtype, narrow, out.name)]
+    return ExportSummary(source, out, format, dtype, files)
+
+
+def _load_dtype(src) -> torch.dtype:
+    """Load in the source's own precision (a bf16 checkpoint stays bf16 in memory), else float32."""
+    stored = set(src.stored_types.values())
+    for name, dtype in (("bfloat16", torch.bfloat16), ("float16", torch.float16)):
+        if stored == {name}:
+            return dtype
+    return torch.float32

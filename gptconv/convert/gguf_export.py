@@ -1,0 +1,165 @@
+"""Our model → a GGUF file llama.cpp runs, written with the ``gguf`` package's GGUFWriter.
+
+Streaming: every tensor's info is declared first (``add_tensor_info``), then the header, metadata
+and tensor table are written, then each tensor is converted and written in turn
+(``write_tensor_data``), so only one converted tensor is held at a time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn as nn
+from gguf import GGMLQuantizationType as Q
+from gguf import GGUFWriter, LlamaFileType, RopeScalingType, TokenType
+from gguf.quants import quant_shape_to_byte_shape, quantize
+from tokenizers import Tokenizer as HFTokenizer
+
+from ..errors import where
+from ..models.rope import rope_frequencies
+from .export import ExportedFile, Narrowing
+from .gguf import GGUF_ARCHS
+from .gguf_tokenizer import PRE_TOKENIZER_NAMES, pre_tokenizer_for
+
+FILE_TYPES = {"f32": LlamaFileType.ALL_F32, "f16": LlamaFileType.MOSTLY_F16, "bf16": LlamaFileType.MOSTLY_BF16,
+              "q8_0": LlamaFileType.MOSTLY_Q8_0}
+WEIGHT_TYPES = {"f32": Q.F32, "f16": Q.F16, "bf16": Q.BF16, "q8_0": Q.Q8_0}
+
+
+def write_gguf(model: nn.Module, src, tokenizer, path: Path, dtype: str, narrow: Narrowing, name: str) -> ExportedFile:
+    cfg = model.config
+    keymap = GGUF_ARCHS[cfg.arch][1](cfg)
+    w = GGUFWriter(str(path), cfg.arch)
+    w.add_name(Path(name).stem)
+    w.add_file_type(FILE_TYPES[dtype])
+    _add_hparams(w, cfg)
+    _add_tokenizer(w, tokenizer, cfg, src.path)
+
+    plan = []  # (gguf name, shape in GGUF layout, producer of that float32 tensor, ggml type)
+    for ours, p in model.named_parameters():
+        gguf_name, transform = keymap.source_name(ours)
+        shape = tuple(transform.inverse(torch.empty(p.shape, device="meta"), cfg).shape)
+        produce = lambda p=p, t=transform: t.inverse(p.detach().float(), cfg)  # noqa: E731
+        plan.append((gguf_name, shape, produce, _tensor_type(shape, dtype)))
+    factors = _rope_factors(cfg)
+    if factors is not None:
+        plan.append(("rope_freqs.weight", tuple(factors.shape), lambda: factors, Q.F32))
+
+    for gguf_name, shape, _, qtype in plan:
+        nbytes, np_dtype, info_shape = _layout(shape, qtype)
+        w.add_tensor_info(gguf_name, info_shape, np_dtype, nbytes, raw_dtype=None if qtype in (Q.F32, Q.F16) else qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for gguf_name, _, produce, qtype in plan:
+        with torch.no_grad():
+            t = produce()
+            t = narrow(gguf_name, t, torch.float16 if qtype == Q.F16 else torch.float32)
+        w.write_tensor_data(_encode(t, qtype))
+    w.close()
+    return ExportedFile(name, path.stat().st_size, _sha256_file(path))
+
+
+def _tensor_type(shape: tuple[int, ...], dtype: str) -> Q:
+    """1-D tensors (norms, biases) stay F32, as llama.cpp keeps them; Q8_0 needs rows of 32·k values."""
+    if len(shape) < 2:
+        return Q.F32
+    if dtype == "q8_0" and shape[-1] % 32:
+        return Q.F16
+    return WEIGHT_TYPES[dtype]
+
+
+def _layout(shape: tuple[int, ...], qtype: Q) -> tuple[int, np.dtype, tuple[int, ...]]:
+    """(bytes, numpy dtype, shape) to declare for a tensor of logical ``shape`` stored as ``qtype``."""
+    n = int(np.prod(shape))
+    if qtype == Q.F32:
+        return 4 * n, np.dtype(np.float32), shape
+    if qtype == Q.F16:
+        return 2 * n, np.dtype(np.float16), shape
+    byte_shape = quant_shape_to_byte_shape(shape, qtype)
+    return int(np.prod(byte_shape)), np.dtype(np.uint8), byte_shape
+
+
+def _encode(t: torch.Tensor, qtype: Q) -> np.ndarray:
+    if qtype == Q.F16:
+        return t.to(torch.float16).contiguous().numpy()
+    array = t.to(torch.float32).contiguous().numpy()
+    return array if qtype == Q.F32 else quantize(array, qtype)
+
+
+def _rope_factors(cfg) -> torch.Tensor | None:
+    """Llama 3.1 scaling goes into GGUF as one factor per frequency (llama.cpp's ``rope_freqs``)."""
+    s = getattr(cfg, "rope_scaling", None)
+    if s is None or s.kind == "linear":
+        return None
+    base = rope_frequencies(cfg.head_dim, cfg.rope_theta)
+    return (base / rope_frequencies(cfg.head_dim, cfg.rope_theta, s)).float()
+
+
+def _add_hparams(w: GGUFWriter, cfg) -> None:
+    w.add_context_length(cfg.context_length)
+    w.add_embedding_length(cfg.d_model)
+    w.add_block_count(cfg.n_layers)
+    w.add_feed_forward_length(cfg.d_ff)
+    w.add_head_count(cfg.n_heads)
+    w.add_vocab_size(cfg.vocab_size)
+    if cfg.arch == "gpt2":
+        w.add_layer_norm_eps(cfg.norm_eps)
+        return
+    w.add_head_count_kv(cfg.n_kv_heads)
+    w.add_layer_norm_rms_eps(cfg.norm_eps)
+    w.add_rope_freq_base(cfg.rope_theta)
+    w.add_rope_dimension_count(cfg.head_dim)
+    if cfg.head_dim != cfg.d_model // cfg.n_heads:
+        w.add_key_length(cfg.head_dim)
+        w.add_value_length(cfg.head_dim)
+    if cfg.rope_scaling is not None and cfg.rope_scaling.kind == "linear":
+        w.add_rope_scaling_type(RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(cfg.rope_scaling.factor)
+
+
+def _add_tokenizer(w: GGUFWriter, tokenizer, cfg, origin) -> None:
+    """tokenizer.ggml.*: model, pre-tokenizer name, tokens in id order, token types, merges, ids, flags."""
+    tk: HFTokenizer = tokenizer.tk
+    spec = json.loads(tk.to_str())
+    if (spec.get("model") or {}).get("type") != "BPE":
+        raise where(origin, "only byte-level BPE tokenizers can be written to GGUF")
+    pre = pre_tokenizer_for(spec.get("pre_tokenizer"))
+    if pre is None:
+        raise where(origin, f"the tokenizer's pre-tokenizer matches none llama.cpp knows by name "
+                            f"({', '.join(PRE_TOKENIZER_NAMES)})")
+    vocab = tk.get_vocab(with_added_tokens=True)
+    if max(vocab.values()) >= cfg.vocab_size:
+        raise where(origin, f"the tokenizer has ids up to {max(vocab.values())}, the model only {cfg.vocab_size}")
+    tokens = [f"[PAD{i}]" for i in range(cfg.vocab_size)]
+    types = [TokenType.UNUSED] * cfg.vocab_size  # ids the tokenizer never produces (embedding rows beyond it)
+    for token, i in vocab.items():
+        tokens[i], types[i] = token, TokenType.NORMAL
+    for i, added in tk.get_added_tokens_decoder().items():
+        types[i] = TokenType.CONTROL if added.special else TokenType.USER_DEFINED
+    merges = [m if isinstance(m, str) else " ".join(m) for m in spec["model"].get("merges", [])]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(tokens)
+    w.add_token_types([int(t) for t in types])
+    w.add_token_merges(merges)
+    if tokenizer.bos_id is not None:
+        w.add_bos_token_id(tokenizer.bos_id)
+    if tokenizer.eos_id is not None:
+        w.add_eos_token_id(tokenizer.eos_id)
+    probe = tk.encode("a", add_special_tokens=True).ids
+    w.add_add_bos_token(bool(probe) and probe[0] == tokenizer.bos_id and probe != tk.encode("a", add_special_tokens=False).ids)
+    if tokenizer.chat_template:
+        w.add_chat_template(tokenizer.chat_template)
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            h.update(block)
+    return h.hexdigest()

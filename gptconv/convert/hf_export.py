@@ -1,0 +1,99 @@
+"""Our model → a Hugging Face folder that transformers' ``from_pretrained`` loads.
+
+Names and transforms come from the same key table as import (``KeyMap.source_name``), so export
+cannot drift from import. Tied weights are stored once, as transformers stores them.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+from ..errors import where
+from . import HF_FAMILIES
+from .export import ExportedFile, Narrowing
+from .safetensors_writer import SafetensorsWriter
+
+HF_FAMILY_OF_ARCH = {"gpt2": "gpt2", "llama": "llama"}
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt")
+
+
+def write_hf_folder(model: nn.Module, src, tokenizer, folder: Path, dtype: torch.dtype, shard_bytes: int,
+                    narrow: Narrowing) -> list[ExportedFile]:
+    cfg = model.config
+    family = HF_FAMILIES[HF_FAMILY_OF_ARCH[cfg.arch]]
+    try:
+        config_json = family.config_to_hf(cfg)
+    except ValueError as e:
+        raise where(src.path, f"cannot be written in HF layout: {e}") from None
+    keymap = family.keymap(cfg)
+    folder.mkdir()
+
+    # (our name, HF name, transform, HF shape), then shards of at most shard_bytes
+    rows = []
+    for name, p in model.named_parameters():
+        hf_name, transform = keymap.source_name(name)
+        shape = tuple(transform.inverse(torch.empty(p.shape, device="meta"), cfg).shape)
+        rows.append((name, hf_name, transform, shape))
+    shards: list[list] = [[]]
+    size = 0
+    for row in rows:
+        nbytes = torch.Size(row[3]).numel() * dtype.itemsize
+        if shards[-1] and size + nbytes > shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(row)
+        size += nbytes
+
+    params = dict(model.named_parameters())
+    files, weight_map = [], {}
+    for n, shard in enumerate(shards):
+        file = "model.safetensors" if len(shards) == 1 else f"model-{n + 1:05d}-of-{len(shards):05d}.safetensors"
+        writer = SafetensorsWriter(folder / file, [(hf, dtype, shape) for _, hf, _, shape in shard], {"format": "pt"})
+        for name, hf_name, transform, _ in shard:
+            with torch.no_grad():
+                writer.write(hf_name, narrow(hf_name, transform.inverse(params[name].detach(), cfg), dtype))
+            weight_map[hf_name] = file
+        files.append(ExportedFile(file, (folder / file).stat().st_size, writer.close()))
+    if len(shards) > 1:
+        total = sum(torch.Size(r[3]).numel() * dtype.itemsize for r in rows)
+        files.append(_write_json(folder / "model.safetensors.index.json",
+                                 {"metadata": {"total_size": total}, "weight_map": weight_map}))
+    config_json["dtype"] = str(dtype).removeprefix("torch.")
+    files.append(_write_json(folder / "config.json", config_json))
+    generation = {k: getattr(cfg, k) for k in ("bos_token_id", "eos_token_id") if getattr(cfg, k) is not None}
+    if generation:
+        files.append(_write_json(folder / "generation_config.json", generation))
+    files += _write_tokenizer(src, tokenizer, folder)
+    return files
+
+
+def _write_tokenizer(src, tokenizer, folder: Path) -> list[ExportedFile]:
+    if src.format == "hf":  # the checkpoint's own files, byte for byte
+        names = [n for n in TOKENIZER_FILES if (src.path / n).is_file()]
+        for n in names:
+            shutil.copyfile(src.path / n, folder / n)
+        return [_describe(folder / n) for n in names]
+    if tokenizer is None:
+        return []
+    tokenizer.tk.save(str(folder / "tokenizer.json"))
+    token = lambda i: tokenizer.token(i) if i is not None else None  # noqa: E731
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False,
+              "bos_token": token(tokenizer.bos_id), "eos_token": token(tokenizer.eos_id)}
+    if tokenizer.chat_template:
+        config["chat_template"] = tokenizer.chat_template
+    return [_describe(folder / "tokenizer.json"), _write_json(folder / "tokenizer_config.json", config)]
+
+
+def _write_json(path: Path, obj: object) -> ExportedFile:
+    path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    return _describe(path)
+
+
+def _describe(path: Path) -> ExportedFile:
+    import hashlib
+    return ExportedFile(path.name, path.stat().st_size, hashlib.sha256(path.read_bytes()).hexdigest())
