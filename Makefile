@@ -5,6 +5,8 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
+LLAMA_CPP := $(VENV)/.llama-cpp-python-0.3.36
+
 .PHONY: demo test venv clean
 
 venv: $(STAMP)
@@ -21,7 +23,12 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/python -m gptconv.demo $(MODEL)
 
-test: $(STAMP)
+# llama.cpp's Python binding, the reference GGUF consumer; no wheel here, so it builds (~6 min on 2 cores)
+$(LLAMA_CPP): $(STAMP)
+	$(BIN)/python -c "import llama_cpp" 2>/dev/null || CMAKE_BUILD_PARALLEL_LEVEL=2 $(BIN)/pip install -q llama-cpp-python==0.3.36
+	touch $@
+
+test: $(STAMP) $(LLAMA_CPP)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 clean:

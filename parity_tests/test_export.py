@@ -1,0 +1,131 @@
+"""Export round trips, bit-exact in f32, and the safety of narrowing and overwriting."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors import safe_open
+
+import gptconv
+from gptconv.convert.export import export
+from gptconv.errors import GptconvError
+from helpers import hf_model, random_ids, run_cli
+from test_gpt2_parity import FP32_ATOL
+
+
+def _hf_round_trip(folder, out, **kw):
+    export(str(folder), out, "safetensors", "f32", **kw)
+    original, exported = hf_model(folder), hf_model(out)
+    a, b = original.state_dict(), exported.state_dict()
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    ids = random_ids(original.config.vocab_size, 32)
+    ours = gptconv.load(out)
+    with torch.no_grad():
+        ref, got, mine = original(ids).logits, exported(ids).logits, ours(ids)
+    assert torch.equal(ref, got)  # the same weights give transformers the same logits, bit for bit
+    assert (mine - got).abs().max().item() <= FP32_ATOL
+
+
+@pytest.mark.parametrize("name", ["tiny", "odd"])
+def test_gpt2_hf_round_trip_is_bit_exact(ckpts, tmp_path, name):
+    _hf_round_trip(ckpts[name], tmp_path / "out")
+    with safe_open(str(tmp_path / "out" / "model.safetensors"), "pt") as f:
+        assert "lm_head.weight" not in f.keys()  # tied: stored once, as transformers stores it
+
+
+@pytest.mark.parametrize("name", ["llama3-gqa", "llama31-scaled", "tied", "qwen2", "biases", "head-dim"])
+def test_llama_hf_round_trip_is_bit_exact(llamas, tmp_path, name):
+    _hf_round_trip(llamas[name], tmp_path / "out")
+
+
+def test_sharded_export_loads_in_transformers(llamas, tmp_path):
+    out = tmp_path / "sharded"
+    _hf_round_trip(llamas["llama2-mha"], out, max_shard_size="100KB")
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 1
+
+
+def test_gguf_source_exports_to_hf(smollm2, tmp_path):
+    out = tmp_path / "smol-hf"
+    export(str(smollm2), out, "safetensors", "f32")
+    ours, back = gptconv.load(smollm2), gptconv.load(out)
+    for (n, a), (_, b) in zip(ours.named_parameters(), back.named_parameters()):
+        assert torch.equal(a, b), n
+    tok = gptconv.load_tokenizer(out)
+    assert tok.encode("The capital of France is") == gptconv.load_tokenizer(smollm2).encode("The capital of France is")
+
+
+@pytest.mark.parametrize("name", ["llama2-mha", "llama3-gqa", "llama31-scaled", "tied", "qwen2"])
+def test_hf_to_gguf_to_load_is_bit_exact(llamas, tmp_path, name):
+    out = tmp_path / "m.gguf"
+    export(str(llamas[name]), out, "gguf", "f32")
+    a, b = gptconv.load(llamas[name]), gptconv.load(out)
+    assert a.config.rope_theta == b.config.rope_theta and a.config.n_kv_heads == b.config.n_kv_heads
+    for (n, x), (_, y) in zip(a.named_parameters(), b.named_parameters()):
+        assert torch.equal(x, y), n
+    ids = random_ids(a.config.vocab_size, a.config.context_length)
+    with torch.no_grad():  # llama3 scaling comes back as per-frequency factors: the same angles
+        assert (a(ids) - b(ids)).abs().max().item() <= 1e-5
+
+
+def test_gpt2_to_gguf_to_load_is_bit_exact(ckpts, tmp_path):
+    out = tmp_path / "g.gguf"
+    export(str(ckpts["odd"]), out, "gguf", "f32")
+    a, b = gptconv.load(ckpts["odd"]), gptconv.load(out)
+    for (n, x), (_, y) in zip(a.named_parameters(), b.named_parameters()):
+        assert torch.equal(x, y), n
+
+
+def test_refuses_to_overwrite_without_force(ckpts, tmp_path):
+    out = tmp_path / "x.gguf"
+    out.write_bytes(b"precious")
+    r = run_cli("export", ckpts["tiny"], "--format", "gguf", "-o", out)
+    assert r.returncode == 2 and "already exists; pass --force" in r.stderr
+    assert out.read_bytes() == b"precious"
+    r = run_cli("export", ckpts["tiny"], "--format", "gguf", "-o", out, "--force")
+    assert r.returncode == 0, r.stderr
+    assert "sha256" in r.stdout and out.read_bytes()[:4] == b"GGUF"
+
+
+def _planted(ckpts, tmp_path, value):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+    d = tmp_path / "planted"
+    shutil.copytree(ckpts["tiny"], d)
+    state = load_file(d / "model.safetensors")
+    state["transformer.h.1.mlp.c_fc.weight"][3, 7] = value
+    save_file(state, str(d / "model.safetensors"), metadata={"format": "pt"})
+    return d
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "gguf"])
+def test_f16_overflow_fails_and_leaves_nothing(ckpts, tmp_path, fmt):
+    src = _planted(ckpts, tmp_path, 1e6)
+    out = tmp_path / "out"
+    r = run_cli("export", src, "--format", fmt, "--dtype", "f16", "-o", out)
+    assert r.returncode == 2
+    assert "'transformer.h.1.mlp.c_fc.weight'" in r.stderr or "'blk.1.ffn_up.weight'" in r.stderr
+    assert "65504" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not out.exists() and list(tmp_path.glob(".out*")) == []
+    r = run_cli("export", src, "--format", fmt, "--dtype", "f16", "-o", out, "--clamp")
+    assert r.returncode == 0, r.stderr
+
+
+def test_nan_in_a_source_tensor_is_reported(ckpts, tmp_path):
+    with pytest.raises(GptconvError, match="'transformer.h.1.mlp.c_fc.weight' holds NaN"):
+        export(str(_planted(ckpts, tmp_path, float("nan"))), tmp_path / "o", "safetensors", "bf16")
+    assert not (tmp_path / "o").exists()
+
+
+def test_inspect_reads_what_export_writes(ckpts, tmp_path):
+    out = tmp_path / "q.gguf"
+    export(str(ckpts["tiny"]), out, "gguf", "q8_0")
+    r = run_cli("inspect", out, "--json")
+    assert r.returncode == 0, r.stderr
+    tensors = {t["name"]: t for t in json.loads(r.stdout)["tensors"]}
+    assert tensors["blk.0.ffn_up.weight"]["dtype"] == "Q8_0" and tensors["blk.0.attn_norm.weight"]["dtype"] == "F32"
