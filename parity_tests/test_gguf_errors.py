@@ -68,7 +68,7 @@ def test_tensor_of_the_wrong_shape(tmp_path):
 def test_bad_magic_and_truncation(tmp_path):
     good = write_llama_gguf(tmp_path / "good.gguf").read_bytes()
     (tmp_path / "magic.gguf").write_bytes(b"GGUX" + good[4:])
-    one_line_error(run_cli("pull", tmp_path / "magic.gguf"), "magic.gguf", "not a readable GGUF file")
+    one_line_error(run_cli("pull", tmp_path / "magic.gguf"), "magic.gguf", "not a GGUF file (magic")
     (tmp_path / "cut.gguf").write_bytes(good[: len(good) // 2])
     one_line_error(run_cli("pull", tmp_path / "cut.gguf"), "cut.gguf")
 

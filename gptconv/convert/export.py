@@ -79,6 +79,7 @@ def atomic_output(out: Path, force: bool) -> Iterator[Path]:
         raise where(out, "already exists; pass --force to replace it")
     if not out.parent.is_dir():
         raise where(out.parent, "no such folder")
+    _remove_stale_partials(out)
     tmp = out.with_name(f".{out.name}.partial-{os.getpid()}")
     _remove(tmp)
     try:
@@ -93,6 +94,24 @@ def atomic_output(out: Path, force: bool) -> Iterator[Path]:
         _remove(old)
     else:
         os.replace(tmp, out)
+
+
+def _remove_stale_partials(out: Path) -> None:
+    """Temporary outputs left by exports that were killed (their process is gone) are removed."""
+    for tmp in out.parent.glob(f".{out.name}.partial-*"):
+        pid = tmp.name.rsplit("-", 1)[1]
+        if pid.isdigit() and not _alive(int(pid)):
+            _remove(tmp)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _remove(path: Path) -> None:

@@ -7,13 +7,14 @@ parameter, and llama.cpp's Q/K row permutation for its interleaved RoPE layout.
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType, GGUFReader, Keys
+from gguf import GGUF_MAGIC, GGMLQuantizationType, GGUFReader, Keys
 from gguf.quants import dequantize
 
 from ..errors import GptconvError, where
@@ -60,7 +61,34 @@ class GGUFCheckpoint:
     stored_types: dict[str, str]  # tensor name → GGML type (Q4_1, F32, …)
 
 
+def check_header(path: Path) -> None:
+    """Refuse, before GGUFReader walks the file, counts that the file's size cannot hold.
+
+    The fixed header is magic, version (u32), tensor count and metadata count (u64 each). Every
+    tensor entry takes at least 24 bytes and every metadata entry at least 12, so larger counts
+    are lies that would only make a reader loop or allocate.
+    """
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(24)
+    except OSError as e:
+        raise where(path, e.strerror or str(e)) from None
+    if len(head) < 24:
+        raise where(path, f"not a GGUF file: {size} bytes, shorter than a GGUF header")
+    magic, version, n_tensors, n_kv = struct.unpack("<IIQQ", head)
+    if magic != GGUF_MAGIC:
+        raise where(path, f"not a GGUF file (magic {head[:4]!r}, expected b'GGUF')")
+    if version not in (2, 3):
+        raise where(path, f"GGUF version {version} is not supported (2 or 3)")
+    if n_tensors * 24 > size or n_kv * 12 > size:
+        raise where(path, f"header claims {n_tensors:,} tensors and {n_kv:,} metadata entries, "
+                          f"more than a {size:,}-byte file can hold")
+
+
 def open_gguf(path: Path) -> GGUFCheckpoint:
+    if path.exists():
+        check_header(path)
     try:
         reader = GGUFReader(path, "r")
     except FileNotFoundError:
@@ -71,9 +99,14 @@ def open_gguf(path: Path) -> GGUFCheckpoint:
     if fields.arch not in GGUF_ARCHS:
         raise where(path, f"GGUF architecture '{fields.arch}' is not supported (supported: {', '.join(GGUF_ARCHS)})")
     tensors, types = {}, {}
+    size = path.stat().st_size
     for t in reader.tensors:
         if t.name in tensors:
             raise where(path, f"tensor '{t.name}' appears twice")
+        if (t.data_offset - reader.data_offset) % reader.alignment:
+            raise where(path, f"tensor '{t.name}' starts at a data offset not aligned to {reader.alignment} bytes")
+        if t.data_offset + t.n_bytes > size:
+            raise where(path, f"tensor '{t.name}' runs past the end of the file")
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))  # ggml lists dims innermost first
         tensors[t.name] = TensorInfo(shape, torch.float32, _loader(path, t, shape))
         types[t.name] = t.tensor_type.name
