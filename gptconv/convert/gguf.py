@@ -138,17 +138,10 @@ def llama_config_from_gguf(f: GGUFFields, tensors: dict[str, TensorInfo]) -> Lla
     rope_dim = f.get(Keys.Rope.DIMENSION_COUNT, int, head_dim)
     if rope_dim != head_dim:
         raise where(f.path, f"RoPE on {rope_dim} of {head_dim} head dimensions is not supported")
-    scaling = None
-    kind = f.get(Keys.Rope.SCALING_TYPE, str, "none")
-    if kind == "linear":
-        scaling = RopeScaling("linear", factor=f.get(Keys.Rope.SCALING_FACTOR, float))
-    elif kind not in ("none", ""):
-        raise where(f.path, f"RoPE scaling '{kind}' is not supported")
-    if "rope_freqs.weight" in tensors:  # Llama 3.1 scaling, stored as one factor per frequency
-        factors = tensors["rope_freqs.weight"].load().flatten().tolist()
-        if len(factors) != head_dim // 2:
-            raise where(f.path, f"rope_freqs has {len(factors)} factors, expected {head_dim // 2}")
-        scaling = RopeScaling("factors", factors=tuple(factors))
+    try:
+        scaling = _rope_scaling(f, tensors, head_dim)
+    except ValueError as e:
+        raise where(f.path, str(e)) from None
     vocab = f.get(Keys.LLM.VOCAB_SIZE, int, 0) or len(f.get(Keys.Tokenizer.LIST, list, []))
     try:
         return LlamaConfig(
@@ -172,6 +165,21 @@ def llama_config_from_gguf(f: GGUFFields, tensors: dict[str, TensorInfo]) -> Lla
         )
     except (ValueError, KeyError) as e:
         raise where(f.path, str(e)) from None
+
+
+def _rope_scaling(f: GGUFFields, tensors: dict[str, TensorInfo], head_dim: int) -> RopeScaling | None:
+    scaling = None
+    kind = f.get(Keys.Rope.SCALING_TYPE, str, "none")
+    if kind == "linear":
+        scaling = RopeScaling("linear", factor=f.get(Keys.Rope.SCALING_FACTOR, float))
+    elif kind not in ("none", ""):
+        raise ValueError(f"RoPE scaling '{kind}' is not supported")
+    if "rope_freqs.weight" in tensors:  # Llama 3.1 scaling, stored as one factor per frequency
+        factors = tensors["rope_freqs.weight"].load().flatten().tolist()
+        if len(factors) != head_dim // 2 or not all(0 < x < 1e6 for x in factors):
+            raise ValueError(f"rope_freqs has {len(factors)} factors, expected {head_dim // 2} positive ones")
+        scaling = RopeScaling("factors", factors=tuple(factors))
+    return scaling
 
 
 def gpt2_config_from_gguf(f: GGUFFields, tensors: dict[str, TensorInfo]) -> GPT2Config:

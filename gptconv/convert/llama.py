@@ -21,14 +21,17 @@ def rope_from_hf(f: ConfigFields) -> tuple[float, RopeScaling | None]:
     kind = p.str("rope_type", None) or p.str("type", None) or "default"
     if p.float("partial_rotary_factor", 1.0) != 1.0:
         raise p.error("partial_rotary_factor != 1 (RoPE on part of each head) is not supported")
-    if kind == "default":
-        return theta, None
-    if kind == "linear":
-        return theta, RopeScaling("linear", factor=p.float("factor"))
-    if kind == "llama3":
-        return theta, RopeScaling("llama3", factor=p.float("factor"), low_freq_factor=p.float("low_freq_factor"),
-                                  high_freq_factor=p.float("high_freq_factor"),
-                                  original_context_length=p.int("original_max_position_embeddings"))
+    try:
+        if kind == "default":
+            return theta, None
+        if kind == "linear":
+            return theta, RopeScaling("linear", factor=p.float("factor"))
+        if kind == "llama3":
+            return theta, RopeScaling("llama3", factor=p.float("factor"), low_freq_factor=p.float("low_freq_factor"),
+                                      high_freq_factor=p.float("high_freq_factor"),
+                                      original_context_length=p.int("original_max_position_embeddings"))
+    except ValueError as e:
+        raise p.error(str(e)) from None
     raise p.error(f"rope_type '{kind}' is not supported (default, linear, llama3)")
 
 

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from .attention import causal_attention
 from .kv_cache import KVCache
-from .tap import Tap, check_sizes, no_tap
+from .tap import Tap, check_range, check_sizes, no_tap
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,8 @@ class GPT2Config:
     def __post_init__(self) -> None:
         check_sizes(self, {"vocab_size": 10_000_000, "context_length": 1 << 24, "d_model": 1 << 16,
                            "n_layers": 1024, "n_heads": 1024, "d_ff": 1 << 20})
+        check_range(self, ("embd_dropout", "attn_dropout", "resid_dropout"), 0.0, 1.0)
+        check_range(self, ("norm_eps",), 0.0, 1.0, low_open=True)
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model = {self.d_model} is not a multiple of n_heads = {self.n_heads}")
         if self.gelu not in ("tanh", "none"):

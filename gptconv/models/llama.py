@@ -18,7 +18,7 @@ from ..errors import GptconvError
 from .attention import causal_attention
 from .kv_cache import KVCache
 from .rope import RopeScaling, rope, rope_angles, rope_frequencies
-from .tap import Tap, check_sizes, no_tap
+from .tap import Tap, check_range, check_sizes, no_tap
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,8 @@ class LlamaConfig:
         check_sizes(self, {"vocab_size": 10_000_000, "context_length": 1 << 24, "d_model": 1 << 16,
                            "n_layers": 1024, "n_heads": 1024, "n_kv_heads": 1024, "d_ff": 1 << 20,
                            "head_dim": 4096})
+        check_range(self, ("norm_eps",), 0.0, 1.0, low_open=True)
+        check_range(self, ("rope_theta",), 0.0, 1e12, low_open=True)
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads = {self.n_heads} is not a multiple of n_kv_heads = {self.n_kv_heads}")
         if self.head_dim % 2:

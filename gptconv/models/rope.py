@@ -32,6 +32,9 @@ class RopeScaling:
     def __post_init__(self) -> None:
         if self.kind not in ("linear", "llama3", "factors"):
             raise ValueError(f"rope scaling '{self.kind}' is not supported (only linear, llama3)")
+        if not (0 < self.factor < 1e6) or self.original_context_length <= 0:
+            raise ValueError(f"rope scaling factor {self.factor!r} / original context {self.original_context_length!r} "
+                             "out of range")
         if self.kind == "llama3" and self.high_freq_factor <= self.low_freq_factor:
             raise ValueError("llama3 rope scaling needs high_freq_factor > low_freq_factor")
 
