@@ -21,6 +21,7 @@ class FakeHub:
     def __init__(self) -> None:
         self.repos: dict[str, Path] = {}
         self.gated: set[str] = set()
+        self.cut: dict[str, list[int]] = {}  # file name → [bytes sent before the connection drops, how many times]
         self.log: list[tuple[str, str]] = []
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -63,6 +64,8 @@ class FakeHub:
 
             def _serve(self, body: bool) -> None:
                 path = self.path.split("?")[0]
+                if "Range" in self.headers:
+                    hub.log.append(("RANGE-HEADER", self.headers["Range"]))
                 hub.log.append((self.command, path))
                 if m := re.fullmatch(r"/api/models/([\w.-]+/[\w.-]+)(?:/revision/([^/]+))?", path):
                     repo, rev = m.group(1), m.group(2) or "main"
@@ -115,8 +118,9 @@ class FakeHub:
                     return
                 data = file.read_bytes()
                 start = 0
-                if rng := re.fullmatch(r"bytes=(\d+)-", self.headers.get("Range", "")):
+                if rng := re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range", "")):
                     start = int(rng.group(1))
+                    hub.log.append(("RANGE", f"{name}@{start}"))
                 self.send_response(206 if start else 200)
                 self.send_header("X-Repo-Commit", COMMIT)
                 self.send_header("ETag", '"' + hashlib.sha256(data).hexdigest() + '"')
@@ -124,7 +128,13 @@ class FakeHub:
                 if start:
                     self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
                 self.end_headers()
-                if body:
+                if body and hub.cut.get(name, [0, 0])[1] > 0:  # cut off part-way: some bytes, then hang up
+                    hub.cut[name][1] -= 1
+                    self.wfile.write(data[start:start + hub.cut[name][0]])
+                    self.wfile.flush()
+                    self.connection.shutdown(2)
+                    self.close_connection = True
+                elif body:
                     self.wfile.write(data[start:])
 
         return Handler

@@ -64,3 +64,22 @@ def test_gated_repo_says_how_to_get_access(hub):
 def test_offline_with_nothing_cached(hub):
     r = run_cli("pull", "gpt2", env={**hub.env, "HF_HUB_OFFLINE": "1"})
     assert r.returncode == 2 and "HF_HUB_OFFLINE is set and the model is not in the cache" in r.stderr
+
+
+def test_cut_download_fails_cleanly_then_the_next_pull_completes(hub, ckpts):
+    """The connection drops part-way through model.safetensors on every try of the first pull.
+
+    huggingface-hub retries within the pull and then gives up; the next pull downloads the file again
+    (it does not ask for a byte range: no resume from the partial) and its sha256 matches the source.
+    """
+    import hashlib
+    from pathlib import Path
+    size = (ckpts["tiny"] / "model.safetensors").stat().st_size
+    hub.cut["model.safetensors"] = [size // 3, 100]
+    first = run_cli("pull", "gpt2", env=hub.env)
+    assert first.returncode == 2 and "gptconv: error:" in first.stderr and "Traceback" not in first.stderr
+    hub.cut.clear()
+    assert run_cli("pull", "gpt2", env=hub.env).returncode == 0
+    files = list(Path(hub.env["HF_HOME"]).rglob("snapshots/*/model.safetensors"))
+    want = hashlib.sha256((ckpts["tiny"] / "model.safetensors").read_bytes()).hexdigest()
+    assert len(files) == 1 and hashlib.sha256(files[0].read_bytes()).hexdigest() == want
