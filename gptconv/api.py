@@ -6,7 +6,6 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 
 from .convert.checkpoint import open_hf_folder, read_safetensors, read_torch_bin
 from .errors import GptconvError, where

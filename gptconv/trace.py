@@ -39,7 +39,6 @@ EXPLAIN = {
     "embedding_dropout": "dropout (identity in eval mode)",
     "block": "x + attn(norm1(x)), then x + mlp(norm2(x)); attention is the only step mixing positions",
     "final_norm": "final norm of the residual stream before the head",
-    "final_norm": "final norm of the residual stream before the head",
     "logits": "LM head: one score per vocabulary entry at each position",
 }
 

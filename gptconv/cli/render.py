@@ -20,7 +20,7 @@ def pull_summary(s) -> None:
     click.echo(f"source        {s.source}" + (f"  (Hub repo {s.repo_id})" if s.repo_id else ""))
     click.echo(f"architecture  {s.arch}")
     click.echo(f"parameters    {s.parameters:,}")
-    click.echo(f"dtype         " + ", ".join(f"{d} ({n} tensors)" for d, n in s.dtypes.items()))
+    click.echo("dtype         " + ", ".join(f"{d} ({n} tensors)" for d, n in s.dtypes.items()))
     click.echo(f"context       {s.context_length:,} positions")
     click.echo(f"key layout    {s.layout}: every tensor mapped once, every parameter filled, shapes checked")
     click.echo(f"folder        {s.folder}")
@@ -57,7 +57,7 @@ def trace(src, prompt: list[int], steps: list[Step], logits: torch.Tensor) -> No
 def verify_report(r) -> None:
     tol = r.tolerance
     click.echo(f"verify {r.source} ({r.dtype}) against {r.reference}")
-    click.echo(f"inputs: " + ", ".join(f"{n} ({t} tokens)" for n, t in r.inputs.items()))
+    click.echo("inputs: " + ", ".join(f"{n} ({t} tokens)" for n, t in r.inputs.items()))
     click.echo(f"tolerance: max|Δ| ≤ {tol['atol']:g} + {tol['rtol']:g}·max|ref| per step; "
                f"top-1 agreement ≥ {tol['min_top1']:.0%}")
     click.echo(f"{'step':<22} {'max|Δ|':>12} {'allowed':>12}")

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from safetensors import SafetensorError, safe_open
 
-from ..errors import GptconvError, where
+from ..errors import where
 from .keymap import TensorInfo
 
 SAFETENSORS_DTYPES = {

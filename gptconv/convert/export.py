@@ -8,6 +8,7 @@ only when complete. An existing destination is refused unless ``force``.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 import shutil
@@ -37,6 +38,14 @@ class ExportSummary:
     format: str
     dtype: str
     files: list[ExportedFile]
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def parse_size(text: str) -> int:

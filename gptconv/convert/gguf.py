@@ -17,7 +17,7 @@ import torch
 from gguf import GGUF_MAGIC, GGMLQuantizationType, GGUFReader, Keys
 from gguf.quants import dequantize
 
-from ..errors import GptconvError, where
+from ..errors import where
 from ..models.gpt2 import GPT2Config
 from ..models.llama import LlamaConfig
 from ..models.rope import RopeScaling

@@ -7,7 +7,6 @@ and tensor table are written, then each tensor is converted and written in turn
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from ..errors import where
 from ..models.rope import rope_frequencies
-from .export import ExportedFile, Narrowing
+from .export import ExportedFile, Narrowing, sha256_file
 from .gguf import GGUF_ARCHS
 from .gguf_tokenizer import PRE_TOKENIZER_NAMES, pre_tokenizer_for
 
@@ -61,7 +60,7 @@ def write_gguf(model: nn.Module, src, tokenizer, path: Path, dtype: str, narrow:
             t = narrow(gguf_name, t, torch.float16 if qtype == Q.F16 else torch.float32)
         w.write_tensor_data(_encode(t, qtype))
     w.close()
-    return ExportedFile(name, path.stat().st_size, _sha256_file(path))
+    return ExportedFile(name, path.stat().st_size, sha256_file(path))
 
 
 def _tensor_type(shape: tuple[int, ...], dtype: str) -> Q:
@@ -156,10 +155,3 @@ def _add_tokenizer(w: GGUFWriter, tokenizer, cfg, origin) -> None:
     if tokenizer.chat_template:
         w.add_chat_template(tokenizer.chat_template)
 
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 24), b""):
-            h.update(block)
-    return h.hexdigest()

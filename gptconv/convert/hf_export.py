@@ -15,7 +15,7 @@ import torch.nn as nn
 
 from ..errors import where
 from . import HF_FAMILIES
-from .export import ExportedFile, Narrowing
+from .export import ExportedFile, Narrowing, sha256_file
 from .safetensors_writer import SafetensorsWriter
 
 HF_FAMILY_OF_ARCH = {"gpt2": "gpt2", "llama": "llama"}
@@ -95,5 +95,4 @@ def _write_json(path: Path, obj: object) -> ExportedFile:
 
 
 def _describe(path: Path) -> ExportedFile:
-    import hashlib
-    return ExportedFile(path.name, path.stat().st_size, hashlib.sha256(path.read_bytes()).hexdigest())
+    return ExportedFile(path.name, path.stat().st_size, sha256_file(path))
