@@ -24,6 +24,8 @@ GPT2_SHAPES = {
     # name: (config overrides, description)
     "tiny": dict(vocab_size=512, n_positions=128, n_embd=64, n_layer=2, n_head=4),
     "odd": dict(vocab_size=403, n_positions=37, n_embd=60, n_layer=3, n_head=5, n_inner=100),
+    # over huggingface-hub's 10 MiB download chunk, so a cut-off download leaves bytes to resume from
+    "wide-vocab": dict(vocab_size=50257, n_positions=64, n_embd=64, n_layer=1, n_head=4),
     "gpt2-124m": dict(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12),
 }
 

@@ -21,7 +21,7 @@ class FakeHub:
     def __init__(self) -> None:
         self.repos: dict[str, Path] = {}
         self.gated: set[str] = set()
-        self.cut: dict[str, list[int]] = {}  # file name → [bytes sent before the connection drops, how many times]
+        self.cut: dict[str, list[int]] = {}  # file name → for each coming GET, bytes sent before the connection drops
         self.log: list[tuple[str, str]] = []
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -83,8 +83,13 @@ class FakeHub:
                     self._error(404, "EntryNotFound", f"no route {path}")
 
             def _check(self, repo: str, rev: str) -> bool:
-                if repo in hub.gated and "authorization" not in {k.lower() for k in self.headers}:
-                    self._error(401, "GatedRepo", f"Access to model {repo} is restricted.")
+                token = "authorization" in {k.lower() for k in self.headers}
+                if repo in hub.gated and not token:
+                    self._error(401, "GatedRepo", f"Access to model {repo} is restricted. You must have access "
+                                                  "to it and be authenticated to access it. Please log in.")
+                elif repo in hub.gated:  # a token, but its user has not been granted access
+                    self._error(403, "GatedRepo", f"Access to model {repo} is restricted and you are not in "
+                                                  "the authorized list.")
                 elif repo not in hub.repos:
                     self._error(404, "RepoNotFound", f"Repository {repo} not found")
                 elif rev not in ("main", COMMIT):
@@ -128,9 +133,8 @@ class FakeHub:
                 if start:
                     self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
                 self.end_headers()
-                if body and hub.cut.get(name, [0, 0])[1] > 0:  # cut off part-way: some bytes, then hang up
-                    hub.cut[name][1] -= 1
-                    self.wfile.write(data[start:start + hub.cut[name][0]])
+                if body and hub.cut.get(name):  # cut off part-way: some bytes, then hang up
+                    self.wfile.write(data[start:start + hub.cut[name].pop(0)])
                     self.wfile.flush()
                     self.connection.shutdown(2)
                     self.close_connection = True

@@ -54,8 +54,10 @@ def test_missing_repo_and_revision(hub):
     assert r.returncode == 2 and "no revision 'v9'" in r.stderr
 
 
-def test_gated_repo_says_how_to_get_access(hub):
-    r = run_cli("pull", "someone/gated-model", env=hub.env)
+@pytest.mark.parametrize("token", [None, "hf_not_granted"])  # the Hub answers 401 without a token, 403 with one
+def test_gated_repo_says_how_to_get_access(hub, token):
+    env = {**hub.env, **({"HF_TOKEN": token} if token else {})}
+    r = run_cli("pull", "someone/gated-model", env=env)
     assert r.returncode == 2
     assert "gated" in r.stderr and "HF_TOKEN" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
@@ -66,20 +68,65 @@ def test_offline_with_nothing_cached(hub):
     assert r.returncode == 2 and "HF_HUB_OFFLINE is set and the model is not in the cache" in r.stderr
 
 
-def test_cut_download_fails_cleanly_then_the_next_pull_completes(hub, ckpts):
-    """The connection drops part-way through model.safetensors on every try of the first pull.
+def test_cut_download_resumes_on_the_next_pull(tmp_path):
+    """The connection drops part-way through the weights and stays down for the rest of the first pull.
 
-    huggingface-hub retries within the pull and then gives up; the next pull downloads the file again
-    (it does not ask for a byte range: no resume from the partial) and its sha256 matches the source.
+    The first pull fails with one line and keeps what it received (whole 10 MiB chunks of
+    huggingface-hub's http_get); the next pull asks for the rest with a Range request, and the
+    file in the cache has the source's sha256.
     """
     import hashlib
     from pathlib import Path
-    size = (ckpts["tiny"] / "model.safetensors").stat().st_size
-    hub.cut["model.safetensors"] = [size // 3, 100]
-    first = run_cli("pull", "gpt2", env=hub.env)
-    assert first.returncode == 2 and "gptconv: error:" in first.stderr and "Traceback" not in first.stderr
-    hub.cut.clear()
-    assert run_cli("pull", "gpt2", env=hub.env).returncode == 0
-    files = list(Path(hub.env["HF_HOME"]).rglob("snapshots/*/model.safetensors"))
-    want = hashlib.sha256((ckpts["tiny"] / "model.safetensors").read_bytes()).hexdigest()
-    assert len(files) == 1 and hashlib.sha256(files[0].read_bytes()).hexdigest() == want
+
+    from fixtures import make_gpt2
+    from huggingface_hub import constants
+    repo = make_gpt2(tmp_path / "wide", "wide-vocab")
+    data = (repo / "model.safetensors").read_bytes()
+    chunk = constants.DOWNLOAD_CHUNK_SIZE
+    assert len(data) > chunk + 1_000_000
+    with FakeHub() as hub:
+        hub.repos["openai-community/gpt2"] = repo
+        env = {**os.environ, "HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path / "hf-home")}
+        env.pop("HF_HUB_OFFLINE", None)
+        hub.cut["model.safetensors"] = [chunk + 1_000_000] + [0] * 10  # then every retry is cut at once
+        first = run_cli("pull", "gpt2", env=env)
+        assert first.returncode == 2 and "Traceback" not in first.stderr
+        assert f"cut off at {chunk:,} of {len(data):,} bytes" in first.stderr and "pull again to resume" in first.stderr
+        assert len(first.stderr.strip().splitlines()) == 1
+        partial = list(Path(env["HF_HOME"]).rglob("*.gptconv-partial"))
+        assert len(partial) == 1 and partial[0].stat().st_size == chunk
+
+        hub.cut.clear()
+        hub.log.clear()
+        second = run_cli("pull", "gpt2", env=env)
+        assert second.returncode == 0, second.stderr
+        assert ("RANGE", f"model.safetensors@{chunk}") in hub.log  # asked for the rest, not the whole file
+        assert not any(e == ("RANGE", "model.safetensors@0") for e in hub.log)
+        files = list(Path(env["HF_HOME"]).rglob("snapshots/*/model.safetensors"))
+        assert len(files) == 1 and hashlib.sha256(files[0].read_bytes()).hexdigest() == hashlib.sha256(data).hexdigest()
+        assert list(Path(env["HF_HOME"]).rglob("*.gptconv-partial")) == []
+
+
+def test_corrupt_resumed_download_is_caught_by_its_sha256(tmp_path):
+    """A partial file whose bytes are not the file's (a disk error, another tool) fails the sha256 check."""
+    from pathlib import Path
+
+    from fixtures import make_gpt2
+    from huggingface_hub import constants
+    repo = make_gpt2(tmp_path / "wide", "wide-vocab")
+    chunk = constants.DOWNLOAD_CHUNK_SIZE
+    with FakeHub() as hub:
+        hub.repos["openai-community/gpt2"] = repo
+        env = {**os.environ, "HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path / "hf-home")}
+        env.pop("HF_HUB_OFFLINE", None)
+        hub.cut["model.safetensors"] = [chunk + 1000] + [0] * 10
+        assert run_cli("pull", "gpt2", env=env).returncode == 2
+        partial = next(Path(env["HF_HOME"]).rglob("*.gptconv-partial"))
+        with open(partial, "r+b") as f:
+            f.seek(12345)
+            f.write(b"\xff" * 16)
+        hub.cut.clear()
+        r = run_cli("pull", "gpt2", env=env)
+        assert r.returncode == 2 and "do not match the Hub's sha256" in r.stderr and "pull again" in r.stderr
+        assert not partial.exists()
+        assert run_cli("pull", "gpt2", env=env).returncode == 0

@@ -4,15 +4,30 @@ Files land in the standard HF cache (``HF_HOME``, ``HF_HUB_CACHE``); ``HF_TOKEN`
 ``HF_HUB_OFFLINE`` and ``HF_ENDPOINT`` are honoured by huggingface-hub itself. Only what a
 load needs is fetched: config, tokenizer files, and one weight format (safetensors if the repo
 has it, else PyTorch .bin).
+
+Weight files resume across runs: huggingface-hub (2.x) resumes within one download but drops
+its partial file when the download fails, so a pull killed at 15 of 16 GB would start again. We
+download each plain-HTTP weight file ourselves, with huggingface-hub's own ``http_get`` (Range
+requests, retries, Hub errors), into ``blobs/<etag>.gptconv-partial`` in the standard cache,
+check its size and sha256, and move it to ``blobs/<etag>``, where ``snapshot_download`` finds
+it and only links it. Xet-stored files are left to huggingface-hub and hf_xet.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx2
-from huggingface_hub import HfApi, constants, snapshot_download, try_to_load_from_cache
+from huggingface_hub import (HfApi, constants, get_hf_file_metadata, hf_hub_url, snapshot_download,
+                             try_to_load_from_cache)
+from huggingface_hub.file_download import http_get, repo_folder_name
+from huggingface_hub.utils import WeakFileLock, build_hf_headers
+from huggingface_hub.utils._runtime import is_xet_available
 from huggingface_hub.errors import (
     GatedRepoError,
     HfHubHTTPError,
@@ -23,6 +38,7 @@ from huggingface_hub.errors import (
 )
 
 from ..errors import GptconvError
+from .export import sha256_file
 
 # Short names a user types → the Hub repo that holds the weights.
 ALIASES: dict[str, str] = {
@@ -91,6 +107,9 @@ def fetch(repo_id: str, revision: str | None = None, prefer_cache: bool = False)
     try:
         info = HfApi().model_info(repo_id, revision=revision)
         names = files_to_fetch([s.rfilename for s in info.siblings or []])
+        for name in names:
+            if _SHARD.fullmatch(name) or name in ("model.safetensors", "pytorch_model.bin"):
+                fetch_blob_resumable(repo_id, name, info.sha or revision)
         folder = snapshot_download(repo_id, revision=revision, allow_patterns=names)  # records refs/<revision>
         return Path(folder)
     except GptconvError as e:
@@ -107,6 +126,55 @@ def fetch(repo_id: str, revision: str | None = None, prefer_cache: bool = False)
     except (OfflineModeIsEnabled, LocalEntryNotFoundError, httpx2.HTTPError, OSError) as e:
         raise GptconvError(f"{label}: cannot reach the Hub at {constants.ENDPOINT} and the model is not in "
                            f"the cache ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+
+
+def fetch_blob_resumable(repo_id: str, filename: str, revision: str | None) -> None:
+    """Put ``filename``'s blob in the HF cache, resuming from the bytes an earlier, failed pull left."""
+    meta = get_hf_file_metadata(hf_hub_url(repo_id, filename, revision=revision))
+    if meta.etag is None or meta.size is None or (meta.xet_file_data is not None and is_xet_available()
+                                                  and not constants.HF_HUB_DISABLE_XET):
+        return  # no content id to key a partial file by, or a Xet file: huggingface-hub downloads it
+    storage = Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=repo_id, repo_type="model")
+    blob = storage / "blobs" / meta.etag
+    if blob.exists():
+        return
+    blob.parent.mkdir(parents=True, exist_ok=True)
+    partial = blob.with_name(blob.name + ".gptconv-partial")
+    lock = Path(constants.HF_HUB_CACHE) / ".locks" / storage.name / f"{meta.etag}.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with WeakFileLock(lock):  # the lock huggingface-hub takes for this blob: one writer at a time
+        if blob.exists():
+            return
+        with open(partial, "ab") as f:
+            have = f.tell()
+            if have > meta.size:  # not a prefix of this file: start again
+                f.truncate(0)
+                have = 0
+            try:
+                with _quiet(http_get):  # its retry warnings would precede our one-line error
+                    http_get(meta.location, f, resume_size=have, headers=build_hf_headers(),
+                             expected_size=meta.size, displayed_filename=filename)
+            except (httpx2.HTTPError, OSError) as e:
+                f.flush()
+                raise GptconvError(f"{filename}: the download was cut off at {f.tell():,} of {meta.size:,} bytes "
+                                   f"({type(e).__name__}); pull again to resume from there") from None
+        if re.fullmatch(r"[0-9a-f]{64}", meta.etag) and sha256_file(partial) != meta.etag:  # LFS: etag = sha256
+            partial.unlink()
+            raise GptconvError(f"{filename}: the downloaded bytes do not match the Hub's sha256 "
+                               f"{meta.etag}; the partial file was removed, pull again")
+        os.replace(partial, blob)
+
+
+@contextlib.contextmanager
+def _quiet(function) -> Iterator[None]:
+    """Raise the level of the logger of ``function``'s module to ERROR for a while."""
+    logger = logging.getLogger(function.__module__)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def _status(e: HfHubHTTPError) -> str:
