@@ -19,7 +19,7 @@ from .convert.checkpoint import open_hf_folder
 from .convert.gguf import GGUF_ARCHS, GGUFCheckpoint, open_gguf
 from .convert.hub import fetch, repo_id_for
 from .errors import GptconvError
-from .models import build
+from .models import build_empty
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "f32": torch.float32,
           "float16": torch.float16, "fp16": torch.float16, "f16": torch.float16,
@@ -92,8 +92,7 @@ def open_source(source: str | Path, revision: str | None = None, prefer_cache: b
 
 def load_source(src: Source, dtype: str | torch.dtype = torch.float32, device: str | torch.device = "cpu") -> nn.Module:
     dtype = parse_dtype(dtype)
-    with torch.device("meta"):
-        model = build(src.config)
+    model = build_empty(src.config)
     plan = src.plan(model)
     src.layout = plan.layout
     state = dict(plan.tensors(dtype))

@@ -39,9 +39,11 @@ class Transform:
 
 IDENTITY = Transform("identity", lambda t, ctx: t, lambda t, ctx: t)
 # HF's GPT-2 uses Conv1D, which stores a linear layer's weight as (in, out); nn.Linear wants (out, in).
+# Import keeps a transposed view of the memory-mapped tensor (no copy: F.linear multiplies by the
+# contiguous (in, out) matrix as fast as by an (out, in) one); export writes it contiguous again.
 TRANSPOSE = Transform(
     "transpose",
-    lambda t, ctx: t.t().contiguous(),
+    lambda t, ctx: t.t(),
     lambda t, ctx: t.t().contiguous(),
     lambda s, ctx: tuple(reversed(s)) if len(s) == 2 else (-1,),
 )
