@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from .attention import causal_attention
 from .kv_cache import KVCache
+from .linear import Linear, linear
 from .tap import Tap, check_range, check_sizes, no_tap
 
 
@@ -91,7 +92,7 @@ class GPT2(nn.Module):
             x = x[:, -1:]                                           # (B, 1, d): only the next token matters
         x = self.norm_f(x)                                          # (B, T, d)
         tap("final_norm", x)
-        logits = F.linear(x, self.tok_emb.weight)                   # (B, T, V): tied head, x @ wteᵀ
+        logits = linear(x, self.tok_emb.weight)                     # (B, T, V): tied head, x @ wteᵀ
         tap("logits", logits)
         return logits
 
@@ -113,8 +114,8 @@ class SelfAttention(nn.Module):
     def __init__(self, config: GPT2Config) -> None:
         super().__init__()
         self.n_heads, self.head_dim = config.n_heads, config.head_dim
-        self.qkv = nn.Linear(config.d_model, 3 * config.d_model)  # q, k, v fused, as GPT-2 stores them
-        self.proj = nn.Linear(config.d_model, config.d_model)
+        self.qkv = Linear(config.d_model, 3 * config.d_model)  # q, k, v fused, as GPT-2 stores them
+        self.proj = Linear(config.d_model, config.d_model)
         self.attn_dropout = config.attn_dropout
         self.resid_drop = nn.Dropout(config.resid_dropout)
 
@@ -135,8 +136,8 @@ class SelfAttention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, config: GPT2Config) -> None:
         super().__init__()
-        self.fc = nn.Linear(config.d_model, config.d_ff)
-        self.proj = nn.Linear(config.d_ff, config.d_model)
+        self.fc = Linear(config.d_model, config.d_ff)
+        self.proj = Linear(config.d_ff, config.d_model)
         self.approximate = config.gelu
         self.drop = nn.Dropout(config.resid_dropout)
 

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from ..errors import GptconvError
 from .attention import causal_attention
 from .kv_cache import KVCache
+from .linear import Linear, linear
 from .rope import RopeScaling, rope, rope_angles, rope_frequencies
 from .tap import Tap, check_range, check_sizes, no_tap
 
@@ -95,7 +96,7 @@ class Llama(nn.Module):
         self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
         self.norm_f = RMSNorm(config.d_model, config.norm_eps)
-        self.lm_head = None if config.tie_embeddings else nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.lm_head = None if config.tie_embeddings else Linear(config.d_model, config.vocab_size, bias=False)
         self._inv_freq: dict[torch.device, torch.Tensor] = {}
 
     def forward(
@@ -118,7 +119,7 @@ class Llama(nn.Module):
         x = self.norm_f(x)                                          # (B, T, d)
         tap("final_norm", x)
         head = self.tok_emb.weight if self.lm_head is None else self.lm_head.weight
-        logits = F.linear(x, head)                                  # (B, T, V)
+        logits = linear(x, head)                                    # (B, T, V)
         tap("logits", logits)
         return logits
 
@@ -155,10 +156,10 @@ class Attention(nn.Module):
         super().__init__()
         c = config
         self.n_heads, self.n_kv_heads, self.head_dim = c.n_heads, c.n_kv_heads, c.head_dim
-        self.q = nn.Linear(c.d_model, c.n_heads * c.head_dim, bias=c.qkv_bias)
-        self.k = nn.Linear(c.d_model, c.n_kv_heads * c.head_dim, bias=c.qkv_bias)
-        self.v = nn.Linear(c.d_model, c.n_kv_heads * c.head_dim, bias=c.qkv_bias)
-        self.o = nn.Linear(c.n_heads * c.head_dim, c.d_model, bias=c.o_bias)
+        self.q = Linear(c.d_model, c.n_heads * c.head_dim, bias=c.qkv_bias)
+        self.k = Linear(c.d_model, c.n_kv_heads * c.head_dim, bias=c.qkv_bias)
+        self.v = Linear(c.d_model, c.n_kv_heads * c.head_dim, bias=c.qkv_bias)
+        self.o = Linear(c.n_heads * c.head_dim, c.d_model, bias=c.o_bias)
 
     def forward(self, x, cos, sin, layer: int, cache: KVCache | None) -> torch.Tensor:
         B, T, _ = x.shape
@@ -176,8 +177,7 @@ class Attention(nn.Module):
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x / √(mean(x²) + eps) · weight, the mean taken in float32 (as HF and llama.cpp do)."""
-    x32 = x.float()
-    return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return weight * F.rms_norm(x.float(), (x.size(-1),), eps=eps).to(x.dtype)  # one fused op, same rounding
 
 
 class RMSNorm(nn.Module):
@@ -198,9 +198,9 @@ def swiglu(x: torch.Tensor, gate: nn.Linear, up: nn.Linear, down: nn.Linear) -> 
 class SwiGLU(nn.Module):
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
-        self.gate = nn.Linear(config.d_model, config.d_ff, bias=config.mlp_bias)
-        self.up = nn.Linear(config.d_model, config.d_ff, bias=config.mlp_bias)
-        self.down = nn.Linear(config.d_ff, config.d_model, bias=config.mlp_bias)
+        self.gate = Linear(config.d_model, config.d_ff, bias=config.mlp_bias)
+        self.up = Linear(config.d_model, config.d_ff, bias=config.mlp_bias)
+        self.down = Linear(config.d_ff, config.d_model, bias=config.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return swiglu(x, self.gate, self.up, self.down)
