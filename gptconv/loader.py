@@ -55,8 +55,9 @@ class Source:
     def arch(self) -> str:
         return self.config.arch
 
-    def plan(self, model: nn.Module) -> Plan:
-        return self.keymap.plan(self.tensors, model_shapes(model), self.config, origin=self.path)
+    def plan(self, shapes: dict[str, tuple[int, ...]]) -> Plan:
+        """The checked mapping of this checkpoint onto a model with these parameter shapes."""
+        return self.keymap.plan(self.tensors, shapes, self.config, origin=self.path)
 
 
 def resolve(source: str | Path, revision: str | None = None, prefer_cache: bool = True) -> tuple[Path, str | None]:
@@ -70,7 +71,9 @@ def resolve(source: str | Path, revision: str | None = None, prefer_cache: bool 
     return fetch(repo_id, revision, prefer_cache=prefer_cache), repo_id
 
 
-def open_source(source: str | Path, revision: str | None = None, prefer_cache: bool = True) -> Source:
+def open_source(source: str | Path, revision: str | None = None, prefer_cache: bool = True,
+                backend: str = "mmap") -> Source:
+    """The checkpoint, its config and its tensors, none read yet; ``backend``: see ``open_hf_folder``."""
     path, repo_id = resolve(source, revision, prefer_cache)
     if path.is_file():
         if path.suffix != ".gguf":
@@ -79,7 +82,7 @@ def open_source(source: str | Path, revision: str | None = None, prefer_cache: b
         g = open_gguf(path)
         keymap = GGUF_ARCHS[g.fields.arch][1](g.config)
         return Source(str(source), path, repo_id, "gguf", g.config, keymap, g.tensors, [path], g.stored_types, gguf=g)
-    ckpt = open_hf_folder(path)
+    ckpt = open_hf_folder(path, backend)
     family = HF_FAMILIES.get(ckpt.model_type)
     if family is None:
         raise GptconvError(f"{path / 'config.json'}: model_type '{ckpt.model_type}' is not supported "
@@ -90,15 +93,23 @@ def open_source(source: str | Path, revision: str | None = None, prefer_cache: b
                   ckpt.weight_files, stored, hf_config=ckpt.config)
 
 
-def load_source(src: Source, dtype: str | torch.dtype = torch.float32, device: str | torch.device = "cpu") -> nn.Module:
+def load_source(src: Source, dtype: str | torch.dtype = torch.float32, device: str | torch.device = "cpu",
+                streamed: bool = False) -> nn.Module:
+    """Our model for an opened source. ``streamed``: each block's weights are read just before it
+    runs and dropped after (see ``gptconv.streaming``), for models too large to hold twice."""
     dtype = parse_dtype(dtype)
     model = build_empty(src.config)
-    plan = src.plan(model)
+    plan = src.plan(model_shapes(model))
     src.layout = plan.layout
-    state = dict(plan.tensors(dtype))
-    model.load_state_dict(state, strict=True, assign=True)
+    if streamed:
+        from .streaming import stream_blocks
+        model = stream_blocks(model, [f"blocks.{i}" for i in range(src.config.n_layers)],
+                              lambda name: plan.tensor(name, dtype))
+    else:
+        model.load_state_dict(dict(plan.tensors(dtype)), strict=True, assign=True)
+        model = model.to(device)
     model.source = src
-    return model.to(device).eval()
+    return model.eval()
 
 
 def load(source: str | Path, dtype: str | torch.dtype = torch.float32, revision: str | None = None,

@@ -62,7 +62,10 @@ def read_hf_config(folder: Path) -> dict[str, Any]:
     return data
 
 
-def open_hf_folder(folder: Path) -> HFCheckpoint:
+def open_hf_folder(folder: Path, backend: str = "mmap") -> HFCheckpoint:
+    """``backend``: how safetensors serves tensor bytes. "mmap" (zero-copy, for a model that keeps
+    its weights) or "pread" (each tensor read into its own memory and freed with it, so a pass over
+    a large checkpoint, as export and streamed verify make, does not keep every page mapped)."""
     folder = Path(folder)
     if not folder.is_dir():
         raise where(folder, "not a folder")
@@ -70,8 +73,8 @@ def open_hf_folder(folder: Path) -> HFCheckpoint:
     files, index = weight_files(folder)
     tensors: dict[str, TensorInfo] = {}
     for file in files:
-        reader = read_safetensors if file.suffix == ".safetensors" else read_torch_bin
-        for name, info in reader(file).items():
+        infos = read_safetensors(file, backend) if file.suffix == ".safetensors" else read_torch_bin(file)
+        for name, info in infos.items():
             if name in tensors:
                 raise where(folder, f"tensor '{name}' is stored in more than one file")
             tensors[name] = info
@@ -127,9 +130,9 @@ def _more(items: list) -> str:
     return f" (+{len(items) - 1} more)" if len(items) > 1 else ""
 
 
-def read_safetensors(path: Path) -> dict[str, TensorInfo]:
+def read_safetensors(path: Path, backend: str = "mmap") -> dict[str, TensorInfo]:
     try:
-        handle = safe_open(str(path), framework="pt", device="cpu")
+        handle = safe_open(str(path), framework="pt", device="cpu", backend=backend)
         infos = {}
         for name in handle.keys():
             sl = handle.get_slice(name)

@@ -15,10 +15,12 @@ import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from ..errors import GptconvError, where
+from .keymap import Plan, model_shapes
 
 F16_MAX = 65504.0
 EXPORT_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16, "q8_0": None}
@@ -63,22 +65,67 @@ def parse_size(text: str) -> int:
 
 
 class Narrowing:
-    """Checks every tensor on its way to a narrower dtype; names the tensor in every error."""
+    """Converts every tensor on its way out, in chunks, checking it; names the tensor in every error.
+
+    NaN or Inf in a tensor is an error; so is a value past the float16 range when writing float16,
+    unless ``clamp``. Chunks keep the peak memory of a conversion at the output tensor plus one chunk.
+    """
+
+    CHUNK = 1 << 24  # elements at a time: 64 MiB of float32
 
     def __init__(self, origin: object, clamp: bool) -> None:
         self.origin, self.clamp = origin, clamp
 
     def __call__(self, name: str, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        if not torch.isfinite(t).all():
+        t = t.contiguous()
+        out = t if t.dtype == dtype else torch.empty(t.shape, dtype=dtype)
+        src, dst = t.view(-1), out.view(-1)
+        for i in range(0, src.numel(), self.CHUNK):
+            part = src[i:i + self.CHUNK]
+            got = part.to(dtype)
+            # One float32 sum is finite iff every value is (a sum of finite float16 values cannot
+            # overflow float32), at a fraction of isfinite's cost; a non-finite sum of large float32 or
+            # bfloat16 values is only a false alarm, and the slow path looks again, value by value.
+            if not torch.isfinite(got.sum(dtype=torch.float32)) and not torch.isfinite(got).all():
+                got = self._out_of_range(name, t, part, dtype)
+            if out is not t:
+                dst[i:i + self.CHUNK] = got
+        return out
+
+    def _out_of_range(self, name: str, whole: torch.Tensor, part: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        if not torch.isfinite(part).all():
             raise where(self.origin, f"tensor '{name}' holds NaN or Inf values; refusing to export it")
-        if dtype == torch.float16:
-            peak = t.abs().max().item() if t.numel() else 0.0
-            if peak > F16_MAX:
-                if not self.clamp:
-                    raise where(self.origin, f"tensor '{name}' has |w| = {peak:g} > {F16_MAX:g}, the float16 maximum; "
-                                             "export as bf16/f32, or pass --clamp to clip it")
-                t = t.clamp(-F16_MAX, F16_MAX)
-        return t.to(dtype)
+        # finite in the source, infinite as float16: past its range
+        if not self.clamp:
+            peak = max(c.abs().max().item() for c in whole.view(-1).split(self.CHUNK))
+            raise where(self.origin, f"tensor '{name}' has |w| = {peak:g} > {F16_MAX:g}, the float16 maximum; "
+                                     "export as bf16/f32, or pass --clamp to clip it")
+        return part.clamp(-F16_MAX, F16_MAX).to(dtype)
+
+
+@dataclass
+class Weights:
+    """Our model's parameters as export reads them: every name and shape up front (the writers
+    lay out their headers first), then the tensors one at a time, in the same (the model's) order.
+    Nothing is loaded as a model: each tensor is read, converted, written and freed in turn."""
+
+    config: Any
+    shapes: dict[str, tuple[int, ...]]  # our name → shape
+    plan: Plan
+    dtype: torch.dtype  # the source's own precision (a bf16 checkpoint stays bf16), else float32
+
+    @classmethod
+    def of(cls, src: Any) -> Weights:
+        from ..models import build_empty
+        shapes = model_shapes(build_empty(src.config))
+        plan = src.plan(shapes)  # the strict ledger, checked before anything is written
+        order = {name: i for i, name in enumerate(shapes)}
+        plan.moves.sort(key=lambda move: order[move[1]])
+        return cls(src.config, shapes, plan, _load_dtype(src))
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        with torch.no_grad():
+            yield from self.plan.tensors(self.dtype)
 
 
 @contextlib.contextmanager
@@ -133,7 +180,7 @@ def _remove(path: Path) -> None:
 def export(source: str, out: Path, format: str = "safetensors", dtype: str = "f32", max_shard_size: str = "5GB",
            force: bool = False, clamp: bool = False, revision: str | None = None) -> ExportSummary:
     """Write ``source`` as an HF folder (``format="safetensors"``) or a GGUF file (``format="gguf"``)."""
-    from ..loader import load_source, open_source
+    from ..loader import open_source
     from ..tokenizer import load_tokenizer
     if format not in ("safetensors", "gguf"):
         raise GptconvError(f"--format '{format}': choose safetensors or gguf")
@@ -145,8 +192,8 @@ def export(source: str, out: Path, format: str = "safetensors", dtype: str = "f3
     shard_bytes = parse_size(max_shard_size)
     if out.exists() and not force:  # before loading anything
         raise where(out, "already exists; pass --force to replace it")
-    src = open_source(source, revision)
-    model = load_source(src, _load_dtype(src))
+    src = open_source(source, revision, backend="pread")  # each tensor read into memory of its own, then freed
+    weights = Weights.of(src)
     try:
         tokenizer = load_tokenizer(src)
     except GptconvError:
@@ -155,12 +202,12 @@ def export(source: str, out: Path, format: str = "safetensors", dtype: str = "f3
     with atomic_output(out, force) as tmp:
         if format == "safetensors":
             from .hf_export import write_hf_folder
-            files = write_hf_folder(model, src, tokenizer, tmp, EXPORT_DTYPES[dtype], shard_bytes, narrow)
+            files = write_hf_folder(weights, src, tokenizer, tmp, EXPORT_DTYPES[dtype], shard_bytes, narrow)
         else:
             from .gguf_export import write_gguf
             if tokenizer is None:
                 raise where(src.path, "has no tokenizer, which a GGUF file must carry")
-            files = [write_gguf(model, src, tokenizer, tmp, dtype, narrow, out.name)]
+            files = [write_gguf(weights, src, tokenizer, tmp, dtype, narrow, out.name)]
     return ExportSummary(source, out, format, dtype, files)
 
 

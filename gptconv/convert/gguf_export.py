@@ -12,7 +12,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn as nn
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFWriter, LlamaFileType, RopeScalingType, TokenType
 from gguf.quants import quant_shape_to_byte_shape, quantize
@@ -20,7 +19,7 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from ..errors import where
 from ..models.rope import rope_frequencies
-from .export import ExportedFile, Narrowing, sha256_file
+from .export import ExportedFile, Narrowing, Weights, sha256_file
 from .gguf import GGUF_ARCHS
 from .gguf_tokenizer import PRE_TOKENIZER_NAMES, pre_tokenizer_for
 
@@ -29,8 +28,8 @@ FILE_TYPES = {"f32": LlamaFileType.ALL_F32, "f16": LlamaFileType.MOSTLY_F16, "bf
 WEIGHT_TYPES = {"f32": Q.F32, "f16": Q.F16, "bf16": Q.BF16, "q8_0": Q.Q8_0}
 
 
-def write_gguf(model: nn.Module, src, tokenizer, path: Path, dtype: str, narrow: Narrowing, name: str) -> ExportedFile:
-    cfg = model.config
+def write_gguf(weights: Weights, src, tokenizer, path: Path, dtype: str, narrow: Narrowing, name: str) -> ExportedFile:
+    cfg = weights.config
     keymap = GGUF_ARCHS[cfg.arch][1](cfg)
     w = GGUFWriter(str(path), cfg.arch)
     w.add_name(Path(name).stem)
@@ -38,27 +37,29 @@ def write_gguf(model: nn.Module, src, tokenizer, path: Path, dtype: str, narrow:
     _add_hparams(w, cfg)
     _add_tokenizer(w, tokenizer, cfg, src.path)
 
-    plan = []  # (gguf name, shape in GGUF layout, producer of that float32 tensor, ggml type)
-    for ours, p in model.named_parameters():
+    plan = []  # (our name, gguf name, transform, shape in GGUF layout, ggml type)
+    for ours, shape in weights.shapes.items():
         gguf_name, transform = keymap.source_name(ours)
-        shape = tuple(transform.inverse(torch.empty(p.shape, device="meta"), cfg).shape)
-        produce = lambda p=p, t=transform: t.inverse(p.detach().float(), cfg)  # noqa: E731
-        plan.append((gguf_name, shape, produce, _tensor_type(shape, dtype)))
+        gguf_shape = tuple(transform.inverse(torch.empty(shape, device="meta"), cfg).shape)
+        plan.append((ours, gguf_name, transform, gguf_shape, _tensor_type(gguf_shape, dtype)))
     factors = _rope_factors(cfg)
     if factors is not None:
-        plan.append(("rope_freqs.weight", tuple(factors.shape), lambda: factors, Q.F32))
+        plan.append((None, "rope_freqs.weight", None, tuple(factors.shape), Q.F32))
 
-    for gguf_name, shape, _, qtype in plan:
+    for _, gguf_name, _, shape, qtype in plan:
         nbytes, np_dtype, info_shape = _layout(shape, qtype)
         w.add_tensor_info(gguf_name, info_shape, np_dtype, nbytes, raw_dtype=None if qtype in (Q.F32, Q.F16) else qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
-    for gguf_name, _, produce, qtype in plan:
-        with torch.no_grad():
-            t = produce()
-            t = narrow(gguf_name, t, torch.float16 if qtype == Q.F16 else torch.float32)
-        w.write_tensor_data(_encode(t, qtype))
+    tensors = iter(weights)  # in the order of plan
+    for ours, gguf_name, transform, shape, qtype in plan:
+        if ours is None:
+            w.write_tensor_data(factors.numpy())
+            continue
+        got, tensor = next(tensors)
+        assert got == ours, (got, ours)
+        w.write_tensor_data(_encode(gguf_name, transform.inverse(tensor, cfg), qtype, narrow))
     w.close()
     return ExportedFile(name, path.stat().st_size, sha256_file(path))
 
@@ -83,11 +84,16 @@ def _layout(shape: tuple[int, ...], qtype: Q) -> tuple[int, np.dtype, tuple[int,
     return int(np.prod(byte_shape)), np.dtype(np.uint8), byte_shape
 
 
-def _encode(t: torch.Tensor, qtype: Q) -> np.ndarray:
-    if qtype == Q.F16:
-        return t.to(torch.float16).contiguous().numpy()
-    array = t.to(torch.float32).contiguous().numpy()
-    return array if qtype == Q.F32 else quantize(array, qtype)
+def _encode(name: str, t: torch.Tensor, qtype: Q, narrow: Narrowing) -> np.ndarray:
+    """The tensor's bytes as GGUF stores them; Q8_0 is quantized a block of rows at a time."""
+    if qtype in (Q.F32, Q.F16):
+        return narrow(name, t, torch.float16 if qtype == Q.F16 else torch.float32).numpy()
+    rows = t.reshape(-1, t.shape[-1])
+    out = np.empty(quant_shape_to_byte_shape(tuple(rows.shape), qtype), dtype=np.uint8)
+    step = max(1, narrow.CHUNK // rows.shape[1])
+    for i in range(0, rows.shape[0], step):
+        out[i:i + step] = quantize(narrow(name, rows[i:i + step], torch.float32).numpy(), qtype)
+    return out.reshape(quant_shape_to_byte_shape(tuple(t.shape), qtype))
 
 
 def _rope_factors(cfg) -> torch.Tensor | None:

@@ -11,20 +11,19 @@ import shutil
 from pathlib import Path
 
 import torch
-import torch.nn as nn
 
 from ..errors import where
 from . import HF_FAMILIES
-from .export import ExportedFile, Narrowing, sha256_file
+from .export import ExportedFile, Narrowing, Weights, sha256_file
 from .safetensors_writer import SafetensorsWriter
 
 HF_FAMILY_OF_ARCH = {"gpt2": "gpt2", "llama": "llama"}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt")
 
 
-def write_hf_folder(model: nn.Module, src, tokenizer, folder: Path, dtype: torch.dtype, shard_bytes: int,
+def write_hf_folder(weights: Weights, src, tokenizer, folder: Path, dtype: torch.dtype, shard_bytes: int,
                     narrow: Narrowing) -> list[ExportedFile]:
-    cfg = model.config
+    cfg = weights.config
     family = HF_FAMILIES[HF_FAMILY_OF_ARCH[cfg.arch]]
     try:
         config_json = family.config_to_hf(cfg)
@@ -35,10 +34,10 @@ def write_hf_folder(model: nn.Module, src, tokenizer, folder: Path, dtype: torch
 
     # (our name, HF name, transform, HF shape), then shards of at most shard_bytes
     rows = []
-    for name, p in model.named_parameters():
+    for name, shape in weights.shapes.items():
         hf_name, transform = keymap.source_name(name)
-        shape = tuple(transform.inverse(torch.empty(p.shape, device="meta"), cfg).shape)
-        rows.append((name, hf_name, transform, shape))
+        hf_shape = tuple(transform.inverse(torch.empty(shape, device="meta"), cfg).shape)
+        rows.append((name, hf_name, transform, hf_shape))
     shards: list[list] = [[]]
     size = 0
     for row in rows:
@@ -49,14 +48,15 @@ def write_hf_folder(model: nn.Module, src, tokenizer, folder: Path, dtype: torch
         shards[-1].append(row)
         size += nbytes
 
-    params = dict(model.named_parameters())
+    tensors = iter(weights)  # in the order of rows
     files, weight_map = [], {}
     for n, shard in enumerate(shards):
         file = "model.safetensors" if len(shards) == 1 else f"model-{n + 1:05d}-of-{len(shards):05d}.safetensors"
         writer = SafetensorsWriter(folder / file, [(hf, dtype, shape) for _, hf, _, shape in shard], {"format": "pt"})
         for name, hf_name, transform, _ in shard:
-            with torch.no_grad():
-                writer.write(hf_name, narrow(hf_name, transform.inverse(params[name].detach(), cfg), dtype))
+            ours, tensor = next(tensors)
+            assert ours == name, (ours, name)
+            writer.write(hf_name, narrow(hf_name, transform.inverse(tensor, cfg), dtype))
             weight_map[hf_name] = file
         files.append(ExportedFile(file, (folder / file).stat().st_size, writer.close()))
     if len(shards) > 1:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -112,16 +113,27 @@ class Plan:
 
     def tensors(self, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
         """Yield (target name, tensor in our layout and ``dtype``), one tensor at a time."""
-        tied_of = {target: key for key, target in self.tied}
-        for key, target, transform in self.moves:
-            raw = self.sources[key].load()
-            tensor = transform.forward(raw, self.ctx)
-            if target in tied_of:
-                copy = transform.forward(self.sources[tied_of[target]].load(), self.ctx)
-                if not torch.equal(copy, tensor):
-                    raise GptconvError(f"{self.origin}: tensor '{tied_of[target]}' should be a tied copy "
-                                       f"of '{key}' but differs from it")
-            yield target, tensor.to(dtype)
+        for _, target, _ in self.moves:
+            yield target, self.tensor(target, dtype)
+
+    def tensor(self, target: str, dtype: torch.dtype) -> torch.Tensor:
+        """Our parameter ``target``, read from the source, in our layout and ``dtype``."""
+        key, transform = self._by_target[target]
+        tensor = transform.forward(self.sources[key].load(), self.ctx)
+        if target in self._tied_of:
+            copy = transform.forward(self.sources[self._tied_of[target]].load(), self.ctx)
+            if not torch.equal(copy, tensor):
+                raise GptconvError(f"{self.origin}: tensor '{self._tied_of[target]}' should be a tied copy "
+                                   f"of '{key}' but differs from it")
+        return tensor.to(dtype)
+
+    @cached_property
+    def _by_target(self) -> dict[str, tuple[str, Transform]]:
+        return {target: (key, transform) for key, target, transform in self.moves}
+
+    @cached_property
+    def _tied_of(self) -> dict[str, str]:
+        return {target: key for key, target in self.tied}
 
 
 class KeyMap:
