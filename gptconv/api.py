@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import os
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,7 +13,7 @@ from .convert.checkpoint import open_hf_folder, read_safetensors, read_torch_bin
 from .errors import GptconvError, where
 from .loader import Source, load_source, open_source, parse_dtype
 from .reference import (load_transformers_model, parity_inputs, read_reference, reference_steps,
-                        save_reference)
+                        save_reference, streamed_transformers_model)
 from .tokenizer import Tokenizer, load_tokenizer
 from .verify import Report, compare
 
@@ -67,17 +69,48 @@ def encode_prompt(src: Source, text: str | None, ids: str | None) -> list[int]:
 
 
 def verify_source(source: str, dtype: str = "float32", length: int | None = None, seed: int = 0,
-                  reference_file: Path | None = None, revision: str | None = None) -> Report:
-    """Our model against transformers (live) or a recorded reference file."""
+                  reference_file: Path | None = None, revision: str | None = None,
+                  stream: bool | None = None) -> Report:
+    """Our model against transformers (live) or a recorded reference file.
+
+    ``stream``: run both models one block at a time (``gptconv.streaming``); by default, when the
+    two would not fit in memory side by side.
+    """
     src = open_source(source, revision)
-    model = load_source(src, parse_dtype(dtype))
     if reference_file is not None:
+        model = load_source(src, parse_dtype(dtype))
         inputs, records, meta = read_reference(Path(reference_file))
         if meta.get("arch") != src.arch:
             raise where(reference_file, f"records a '{meta.get('arch')}' model, the source is '{src.arch}'")
-        return compare(model, inputs, records, source, f"recorded: {reference_file}")
-    inputs, records, version = live_reference(src, length, seed)
-    return compare(model, inputs, records, source, f"transformers {version} (fp32, eager)")
+        return compare(model, inputs, lambda name, ids: records[name], source, f"recorded: {reference_file}")
+    if stream is None:
+        stream = src.format == "hf" and _too_big_for_two(src, parse_dtype(dtype))
+    if stream:
+        src = open_source(source, revision, backend="pread")  # read each block, then free it
+        model, hf = load_source(src, dtype, streamed=True), streamed_transformers_model(src)
+    else:
+        model, hf = load_source(src, dtype), load_transformers_model(src.path)
+    inputs = parity_inputs(tokenizer_or_none(src), src.config.vocab_size, _length(src, length), seed)
+    import transformers
+    return compare(model, inputs, lambda name, ids: reference_steps(hf, src.arch, src.config.n_layers, ids),
+                   source, f"transformers {transformers.__version__} (fp32, eager{', streamed' if stream else ''})")
+
+
+def _too_big_for_two(src: Source, dtype) -> bool:
+    """Would our model (in ``dtype``) and the fp32 reference together take over half the free memory?"""
+    n = sum(math.prod(t.shape) for t in src.tensors.values())
+    return n * (dtype.itemsize + 4) > 0.5 * _available_memory()
+
+
+def _available_memory() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def record_reference(source: str, out: Path, length: int | None = None, seed: int = 0,

@@ -17,6 +17,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from .errors import GptconvError, where
+from .streaming import stream_blocks
 
 # our step name → transformers module whose output is that step ({i}: the layer)
 REFERENCE_TAPS: dict[str, dict[str, str]] = {
@@ -61,6 +62,38 @@ def load_transformers_model(path: Path) -> nn.Module:
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager",
                                                      **where_from)
     return model.eval()
+
+
+def streamed_transformers_model(src) -> nn.Module:
+    """transformers' model for an HF folder, fp32 and eager, with one block's weights in memory at a
+    time (``gptconv.streaming``). Its weights are read by transformers' own parameter names, straight
+    from the checkpoint, never through our key map."""
+    if src.format != "hf":
+        raise where(src.path, "the reference streams only HF folders; transformers reads a GGUF file whole")
+    try:
+        import transformers
+        from accelerate import init_empty_weights
+        from transformers import AutoConfig, AutoModelForCausalLM
+    except ImportError:
+        raise GptconvError("a streamed verify needs transformers and accelerate (pip install 'gptconv[reference]')") from None
+    transformers.logging.set_verbosity_error()
+    with init_empty_weights():  # parameters on meta; buffers (RoPE frequencies, masks) computed for real
+        hf = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(src.path), dtype=torch.float32,
+                                              attn_implementation="eager")
+    hf.tie_weights()  # a tied head shares the embedding's parameter (transformers ties at load time)
+    stored: dict[str, str] = {}  # transformers' name → the name the file stores it under (tied heads: the embedding)
+    groups: dict[int, list[str]] = {}
+    for name, p in hf.named_parameters(remove_duplicate=False):
+        groups.setdefault(id(p), []).append(name)
+    for group in groups.values():
+        present = [n for n in group if n in src.tensors]
+        if not present:
+            raise where(src.path, f"has no tensor '{group[0]}' under transformers' own name, so the reference cannot "
+                                  "stream it; verify with --no-stream")
+        stored.update({n: present[0] for n in group})
+    blocks = REFERENCE_TAPS[src.arch]["block.{i}"]
+    return stream_blocks(hf, [blocks.format(i=i) for i in range(src.config.n_layers)],
+                         lambda name: src.tensors[stored[name]].load().float()).eval()
 
 
 @torch.no_grad()

@@ -127,13 +127,16 @@ def generate(source: str, prompt: str, max_new_tokens: int, temperature: float, 
 @click.option("--seed", default=0, show_default=True, help="Seed of the random input ids.")
 @click.option("--reference", "reference_file", type=click.Path(path_type=Path), default=None,
               help="Compare with a file from `gptconv reference` instead of running transformers.")
+@click.option("--stream/--no-stream", default=None,
+              help="Run both models one block at a time, for checkpoints too large to hold twice "
+                   "[default: when they would not fit in memory side by side].")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @revision_opt
-def verify(source: str, dtype: str, length: int | None, seed: int, reference_file: Path | None,
+def verify(source: str, dtype: str, length: int | None, seed: int, reference_file: Path | None, stream: bool | None,
            as_json: bool, revision: str | None) -> None:
     """Check our logits against transformers', step by step; exit 1 if parity fails."""
     from ..api import verify_source
-    report = verify_source(source, dtype, length, seed, reference_file, revision)
+    report = verify_source(source, dtype, length, seed, reference_file, revision, stream)
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2))
     else:

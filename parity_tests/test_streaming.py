@@ -1,0 +1,65 @@
+"""Streamed verify: both models run one block at a time, with the same numbers as the whole models."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import gptconv
+from gptconv.api import verify_source
+from gptconv.errors import GptconvError
+from gptconv.loader import load_source, open_source
+from gptconv.reference import load_transformers_model, reference_steps, streamed_transformers_model
+from helpers import random_ids, run_cli
+
+
+def _without_source(report) -> dict:
+    d = dataclasses.asdict(report)
+    d.pop("reference")
+    return d
+
+
+@pytest.mark.parametrize("fixture,name", [("ckpts", "odd"), ("llamas", "llama3-gqa"), ("llamas", "tied"),
+                                          ("llamas", "qwen2"), ("llamas", "llama31-scaled")])
+def test_streamed_verify_reports_what_the_whole_models_report(request, fixture, name):
+    folder = request.getfixturevalue(fixture)[name]
+    whole = verify_source(str(folder), stream=False)
+    streamed = verify_source(str(folder), stream=True)
+    assert whole.passed and streamed.passed
+    assert "streamed" in streamed.reference and "streamed" not in whole.reference
+    assert _without_source(streamed) == _without_source(whole)  # bit for bit: the same weights, the same ops
+
+
+def test_only_one_block_is_in_memory_at_a_time(llamas):
+    src = open_source(llamas["llama2-mha"], backend="pread")
+    ours, ref = load_source(src, streamed=True), streamed_transformers_model(src)
+    seen = []
+    for model, blocks in ((ours, ours.blocks), (ref, ref.model.layers)):
+        def check(module, _args, blocks=blocks):
+            seen.append([next(b.parameters()).is_meta for b in blocks])
+        for b in blocks:
+            b.register_forward_pre_hook(check, prepend=False)
+        with torch.no_grad():
+            model(random_ids(src.config.vocab_size, 16))
+        assert all(next(b.parameters()).is_meta for b in blocks)  # all dropped again after the forward
+    # at each block's start: its own weights present, every other block's absent
+    assert seen == [[False, True], [True, False], [False, True], [True, False]]
+    with torch.no_grad():  # and the outputs are the whole models' outputs
+        ids = random_ids(src.config.vocab_size, 16)
+        torch.testing.assert_close(ours(ids), gptconv.load(llamas["llama2-mha"])(ids), rtol=0, atol=0)
+        whole = load_transformers_model(llamas["llama2-mha"])
+        torch.testing.assert_close(reference_steps(ref, "llama", 2, ids)["logits"],
+                                   reference_steps(whole, "llama", 2, ids)["logits"], rtol=0, atol=0)
+
+
+def test_streaming_a_gguf_reference_is_refused(smollm2):
+    r = run_cli("verify", smollm2, "--stream")
+    assert r.returncode == 2 and "streams only HF folders" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_names_transformers_does_not_use_are_refused(ckpts):
+    src = open_source(ckpts["tiny-legacy"], backend="pread")  # GPT-2's original keys, without 'transformer.'
+    with pytest.raises(GptconvError, match="under transformers' own name"):
+        streamed_transformers_model(src)
