@@ -129,3 +129,15 @@ def test_inspect_reads_what_export_writes(ckpts, tmp_path):
     assert r.returncode == 0, r.stderr
     tensors = {t["name"]: t for t in json.loads(r.stdout)["tensors"]}
     assert tensors["blk.0.ffn_up.weight"]["dtype"] == "Q8_0" and tensors["blk.0.attn_norm.weight"]["dtype"] == "F32"
+
+
+@pytest.mark.parametrize("fmt,shard", [("gguf", "5GB"), ("safetensors", "5GB"), ("safetensors", "100KB")])
+def test_reported_sha256_is_the_files(llamas, tmp_path, fmt, shard):
+    """The sha256 is taken on another thread while the file is written: it must still be the file's."""
+    from gptconv.convert.export import sha256_file
+    out = tmp_path / ("m.gguf" if fmt == "gguf" else "m")
+    summary = export(str(llamas["llama3-gqa"]), out, fmt, "f32", max_shard_size=shard)
+    for f in summary.files:
+        path = out if fmt == "gguf" else out / f.name
+        assert f.sha256 == sha256_file(path) and f.bytes == path.stat().st_size, f.name
+    assert len(summary.files) > (4 if shard == "100KB" else 0)

@@ -12,6 +12,7 @@ import hashlib
 import os
 import re
 import shutil
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +51,51 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+class TailHash:
+    """The sha256 of a file that is being written front to back, hashed on another thread as it
+    grows (reading back what the page cache already holds), so that hashing overlaps converting
+    and writing instead of following them. ``result()`` after the writer has closed the file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.done = path, threading.Event()
+        self.sha, self.error = hashlib.sha256(), None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self.path.exists() and not self.done.wait(0.005):
+                pass
+            with open(self.path, "rb") as f:
+                while True:
+                    finished = self.done.is_set()  # read before: then everything written is seen below
+                    block = f.read(1 << 24)
+                    if block:
+                        self.sha.update(block)  # hashlib lets go of the GIL for large blocks
+                    elif finished:
+                        return
+                    else:
+                        self.done.wait(0.005)
+        except OSError as e:
+            self.error = e
+
+    def result(self) -> str:
+        self.stop()
+        if self.error is not None:
+            raise where(self.path, f"cannot be read back to hash it ({self.error})")
+        return self.sha.hexdigest()
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join()
+
+    def __enter__(self) -> TailHash:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()  # on failure too: no thread is left waiting for a file that will not grow
+
+
 def parse_size(text: str) -> int:
     """'5GB', '500MB', '2GiB', '1000000' → bytes."""
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)?\s*", text, re.IGNORECASE)
@@ -77,19 +123,22 @@ class Narrowing:
         self.origin, self.clamp = origin, clamp
 
     def __call__(self, name: str, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        t = t.contiguous()
-        out = t if t.dtype == dtype else torch.empty(t.shape, dtype=dtype)
-        src, dst = t.view(-1), out.view(-1)
-        for i in range(0, src.numel(), self.CHUNK):
-            part = src[i:i + self.CHUNK]
+        """``t`` as a contiguous ``dtype`` tensor, converted and checked a block of rows at a time
+        (a transposed view is transposed in the same pass)."""
+        same = t.dtype == dtype and t.is_contiguous()
+        out = t if same else torch.empty(t.shape, dtype=dtype)
+        rows = t.reshape(1, -1) if t.dim() < 2 else t
+        step = max(1, self.CHUNK // max(1, rows[0].numel()))
+        for i in range(0, rows.shape[0], step):
+            part = rows[i:i + step]
             got = part.to(dtype)
             # One float32 sum is finite iff every value is (a sum of finite float16 values cannot
             # overflow float32), at a fraction of isfinite's cost; a non-finite sum of large float32 or
             # bfloat16 values is only a false alarm, and the slow path looks again, value by value.
             if not torch.isfinite(got.sum(dtype=torch.float32)) and not torch.isfinite(got).all():
                 got = self._out_of_range(name, t, part, dtype)
-            if out is not t:
-                dst[i:i + self.CHUNK] = got
+            if not same:
+                out.view(rows.shape)[i:i + step] = got
         return out
 
     def _out_of_range(self, name: str, whole: torch.Tensor, part: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -97,7 +146,7 @@ class Narrowing:
             raise where(self.origin, f"tensor '{name}' holds NaN or Inf values; refusing to export it")
         # finite in the source, infinite as float16: past its range
         if not self.clamp:
-            peak = max(c.abs().max().item() for c in whole.view(-1).split(self.CHUNK))
+            peak = max(c.abs().max().item() for c in whole.reshape(-1).split(self.CHUNK))
             raise where(self.origin, f"tensor '{name}' has |w| = {peak:g} > {F16_MAX:g}, the float16 maximum; "
                                      "export as bf16/f32, or pass --clamp to clip it")
         return part.clamp(-F16_MAX, F16_MAX).to(dtype)

@@ -19,7 +19,7 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from ..errors import where
 from ..models.rope import rope_frequencies
-from .export import ExportedFile, Narrowing, Weights, sha256_file
+from .export import ExportedFile, Narrowing, TailHash, Weights
 from .gguf import GGUF_ARCHS
 from .gguf_tokenizer import PRE_TOKENIZER_NAMES, pre_tokenizer_for
 
@@ -29,9 +29,18 @@ WEIGHT_TYPES = {"f32": Q.F32, "f16": Q.F16, "bf16": Q.BF16, "q8_0": Q.Q8_0}
 
 
 def write_gguf(weights: Weights, src, tokenizer, path: Path, dtype: str, narrow: Narrowing, name: str) -> ExportedFile:
+    w = GGUFWriter(str(path), weights.config.arch)
+    with TailHash(path) as sha:  # hashes the file as it grows
+        try:
+            _write(w, weights, src, tokenizer, dtype, narrow, name)
+        finally:
+            w.close()
+        return ExportedFile(name, path.stat().st_size, sha.result())
+
+
+def _write(w: GGUFWriter, weights: Weights, src, tokenizer, dtype: str, narrow: Narrowing, name: str) -> None:
     cfg = weights.config
     keymap = GGUF_ARCHS[cfg.arch][1](cfg)
-    w = GGUFWriter(str(path), cfg.arch)
     w.add_name(Path(name).stem)
     w.add_file_type(FILE_TYPES[dtype])
     _add_hparams(w, cfg)
@@ -60,8 +69,6 @@ def write_gguf(weights: Weights, src, tokenizer, path: Path, dtype: str, narrow:
         got, tensor = next(tensors)
         assert got == ours, (got, ours)
         w.write_tensor_data(_encode(gguf_name, transform.inverse(tensor, cfg), qtype, narrow))
-    w.close()
-    return ExportedFile(name, path.stat().st_size, sha256_file(path))
 
 
 def _tensor_type(shape: tuple[int, ...], dtype: str) -> Q:

@@ -52,13 +52,15 @@ def write_hf_folder(weights: Weights, src, tokenizer, folder: Path, dtype: torch
     files, weight_map = [], {}
     for n, shard in enumerate(shards):
         file = "model.safetensors" if len(shards) == 1 else f"model-{n + 1:05d}-of-{len(shards):05d}.safetensors"
-        writer = SafetensorsWriter(folder / file, [(hf, dtype, shape) for _, hf, _, shape in shard], {"format": "pt"})
-        for name, hf_name, transform, _ in shard:
-            ours, tensor = next(tensors)
-            assert ours == name, (ours, name)
-            writer.write(hf_name, narrow(hf_name, transform.inverse(tensor, cfg), dtype))
-            weight_map[hf_name] = file
-        files.append(ExportedFile(file, (folder / file).stat().st_size, writer.close()))
+        with SafetensorsWriter(folder / file, [(hf, dtype, shape) for _, hf, _, shape in shard],
+                               {"format": "pt"}) as writer:
+            for name, hf_name, transform, _ in shard:
+                ours, tensor = next(tensors)
+                assert ours == name, (ours, name)
+                writer.write(hf_name, narrow(hf_name, transform.inverse(tensor, cfg), dtype))
+                weight_map[hf_name] = file
+            digest = writer.close()
+            files.append(ExportedFile(file, (folder / file).stat().st_size, digest))
     if len(shards) > 1:
         total = sum(torch.Size(r[3]).numel() * dtype.itemsize for r in rows)
         files.append(_write_json(folder / "model.safetensors.index.json",
