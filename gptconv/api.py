@@ -86,7 +86,7 @@ def verify_source(source: str, dtype: str = "float32", length: int | None = None
     if stream is None:
         stream = src.format == "hf" and _too_big_for_two(src, parse_dtype(dtype))
     if stream:
-        src = open_source(source, revision, backend="pread")  # read each block, then free it
+        src = open_source(source, revision, backend="stream")  # each block's tensors unmapped when dropped
         model, hf = load_source(src, dtype, streamed=True), streamed_transformers_model(src)
     else:
         model, hf = load_source(src, dtype), load_transformers_model(src.path)

@@ -141,3 +141,33 @@ def test_reported_sha256_is_the_files(llamas, tmp_path, fmt, shard):
         path = out if fmt == "gguf" else out / f.name
         assert f.sha256 == sha256_file(path) and f.bytes == path.stat().st_size, f.name
     assert len(summary.files) > (4 if shard == "100KB" else 0)
+
+
+@pytest.mark.parametrize("src_dtype,dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.float16),
+                                             (torch.float32, torch.float16), (torch.float32, torch.bfloat16)])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_narrowing_finds_every_non_finite_value(src_dtype, dtype, bad):
+    """The check is one aminmax per chunk (NaN propagates through it); a value anywhere is found."""
+    from gptconv.convert.export import Narrowing
+    narrow = Narrowing("m", clamp=False)
+    narrow.CHUNK = 1000  # many chunks, with a ragged last one
+    for shape, pos in [((37, 100), (0, 0)), ((37, 100), (20, 57)), ((37, 100), (36, 99)), ((5003,), (5002,))]:
+        t = torch.randn(shape).to(src_dtype)
+        assert torch.equal(narrow("w", t, dtype), t.to(dtype))
+        t[pos] = bad
+        with pytest.raises(GptconvError, match="'w' holds NaN or Inf"):
+            narrow("w", t, dtype)
+    view = torch.randn(100, 37).t()  # a transposed view converts to the contiguous transpose
+    got = narrow("w", view, dtype)
+    assert got.is_contiguous() and torch.equal(got, view.to(dtype))
+    assert narrow("w", torch.empty(0, 4), dtype).shape == (0, 4)
+
+
+def test_narrowing_to_float16_range():
+    from gptconv.convert.export import Narrowing
+    t = torch.randn(64, 64)
+    t[10, 3] = -7e4
+    with pytest.raises(GptconvError, match=r"\|w\| = 70000 > 65504"):
+        Narrowing("m", clamp=False)("w", t, torch.float16)
+    got = Narrowing("m", clamp=True)("w", t, torch.float16)
+    assert got[10, 3].item() == -65504 and torch.equal(got[11:], t[11:].half())

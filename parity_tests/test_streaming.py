@@ -33,7 +33,7 @@ def test_streamed_verify_reports_what_the_whole_models_report(request, fixture, 
 
 
 def test_only_one_block_is_in_memory_at_a_time(llamas):
-    src = open_source(llamas["llama2-mha"], backend="pread")
+    src = open_source(llamas["llama2-mha"], backend="stream")
     ours, ref = load_source(src, streamed=True), streamed_transformers_model(src)
     seen = []
     for model, blocks in ((ours, ours.blocks), (ref, ref.model.layers)):
@@ -60,6 +60,6 @@ def test_streaming_a_gguf_reference_is_refused(smollm2):
 
 
 def test_names_transformers_does_not_use_are_refused(ckpts):
-    src = open_source(ckpts["tiny-legacy"], backend="pread")  # GPT-2's original keys, without 'transformer.'
+    src = open_source(ckpts["tiny-legacy"], backend="stream")  # GPT-2's original keys, without 'transformer.'
     with pytest.raises(GptconvError, match="under transformers' own name"):
         streamed_transformers_model(src)

@@ -63,9 +63,10 @@ def read_hf_config(folder: Path) -> dict[str, Any]:
 
 
 def open_hf_folder(folder: Path, backend: str = "mmap") -> HFCheckpoint:
-    """``backend``: how safetensors serves tensor bytes. "mmap" (zero-copy, for a model that keeps
-    its weights) or "pread" (each tensor read into its own memory and freed with it, so a pass over
-    a large checkpoint, as export and streamed verify make, does not keep every page mapped)."""
+    """``backend``: how tensors are served. "mmap": zero-copy from one mapping of each file, kept
+    while the checkpoint is open (for a model that keeps its weights). "stream": zero-copy too, but
+    each tensor maps its file anew and unmaps it when the tensor is freed, so a pass over a large
+    checkpoint (export, streamed verify) holds only the tensors in use, not every page it read."""
     folder = Path(folder)
     if not folder.is_dir():
         raise where(folder, "not a folder")
@@ -132,23 +133,29 @@ def _more(items: list) -> str:
 
 def read_safetensors(path: Path, backend: str = "mmap") -> dict[str, TensorInfo]:
     try:
-        handle = safe_open(str(path), framework="pt", device="cpu", backend=backend)
+        handle = safe_open(str(path), framework="pt", device="cpu")
         infos = {}
         for name in handle.keys():
             sl = handle.get_slice(name)
             dtype = SAFETENSORS_DTYPES.get(sl.get_dtype())
             if dtype is None:
                 raise where(path, f"tensor '{name}' has dtype {sl.get_dtype()}, which gptconv does not read")
-            infos[name] = TensorInfo(tuple(sl.get_shape()), dtype, _safetensors_loader(handle, path, name))
+            infos[name] = TensorInfo(tuple(sl.get_shape()), dtype, _safetensors_loader(handle if backend == "mmap" else None,
+                                                                                   path, name))
         return infos
     except (SafetensorError, OSError) as e:
         raise where(path, f"not a readable safetensors file ({_first_line(e)})") from None
 
 
 def _safetensors_loader(handle: Any, path: Path, name: str):
+    """Reads ``name`` from the open ``handle``, or, with none, from a mapping of its own (a tensor
+    keeps the mapping it came from alive, and it goes with the tensor)."""
     def load() -> torch.Tensor:
         try:
-            return handle.get_tensor(name)
+            if handle is not None:
+                return handle.get_tensor(name)
+            with safe_open(str(path), framework="pt", device="cpu") as own:
+                return own.get_tensor(name)
         except (SafetensorError, OSError) as e:
             raise where(path, f"tensor '{name}' cannot be read ({_first_line(e)})") from None
     return load

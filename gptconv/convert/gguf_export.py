@@ -19,7 +19,7 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from ..errors import where
 from ..models.rope import rope_frequencies
-from .export import ExportedFile, Narrowing, TailHash, Weights
+from .export import ExportedFile, Narrowing, TailHash, Weights, WriteBehind
 from .gguf import GGUF_ARCHS
 from .gguf_tokenizer import PRE_TOKENIZER_NAMES, pre_tokenizer_for
 
@@ -62,13 +62,16 @@ def _write(w: GGUFWriter, weights: Weights, src, tokenizer, dtype: str, narrow: 
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     tensors = iter(weights)  # in the order of plan
-    for ours, gguf_name, transform, shape, qtype in plan:
-        if ours is None:
-            w.write_tensor_data(factors.numpy())
-            continue
-        got, tensor = next(tensors)
-        assert got == ours, (got, ours)
-        w.write_tensor_data(_encode(gguf_name, transform.inverse(tensor, cfg), qtype, narrow))
+    with WriteBehind() as write:
+        for ours, gguf_name, transform, shape, qtype in plan:
+            if ours is None:
+                write(w.write_tensor_data, factors.numpy())
+                continue
+            got, tensor = next(tensors)
+            assert got == ours, (got, ours)
+            data = _encode(gguf_name, transform.inverse(tensor, cfg), qtype, narrow)
+            del tensor  # its pages are unmapped before the next tensor is read
+            write(w.write_tensor_data, data)
 
 
 def _tensor_type(shape: tuple[int, ...], dtype: str) -> Q:

@@ -14,7 +14,7 @@ import torch
 
 from ..errors import where
 from . import HF_FAMILIES
-from .export import ExportedFile, Narrowing, Weights, sha256_file
+from .export import ExportedFile, Narrowing, Weights, WriteBehind, sha256_file
 from .safetensors_writer import SafetensorsWriter
 
 HF_FAMILY_OF_ARCH = {"gpt2": "gpt2", "llama": "llama"}
@@ -54,11 +54,14 @@ def write_hf_folder(weights: Weights, src, tokenizer, folder: Path, dtype: torch
         file = "model.safetensors" if len(shards) == 1 else f"model-{n + 1:05d}-of-{len(shards):05d}.safetensors"
         with SafetensorsWriter(folder / file, [(hf, dtype, shape) for _, hf, _, shape in shard],
                                {"format": "pt"}) as writer:
-            for name, hf_name, transform, _ in shard:
-                ours, tensor = next(tensors)
-                assert ours == name, (ours, name)
-                writer.write(hf_name, narrow(hf_name, transform.inverse(tensor, cfg), dtype))
-                weight_map[hf_name] = file
+            with WriteBehind() as write:
+                for name, hf_name, transform, _ in shard:
+                    ours, tensor = next(tensors)
+                    assert ours == name, (ours, name)
+                    data = narrow(hf_name, transform.inverse(tensor, cfg), dtype)
+                    del tensor
+                    write(writer.write, hf_name, data)
+                    weight_map[hf_name] = file
             digest = writer.close()
             files.append(ExportedFile(file, (folder / file).stat().st_size, digest))
     if len(shards) > 1:
