@@ -192,7 +192,7 @@ def table(rows: list[Row]) -> str:
     for r in rows:
         met = "—" if r.met is None else "yes" if r.met else "**no**"
         lines.append(f"| {r.case} | {r.model} | {num(r.ours, r.unit)} {r.unit} | {num(r.peer, r.unit)} {r.unit} | "
-                     f"{'—' if r.ratio is None else f'{r.ratio:.2f}'} | {r.target} | {met} | {r.note} |")
+                     f"{'—' if r.ratio is None else f'{r.ratio:.2f}'} | {r.target} | {met} | {r.note.replace('|', chr(92) + '|')} |")
     return "\n".join(lines)
 
 
