@@ -36,6 +36,22 @@ NATURAL_TEXT = [
 ]
 
 
+@pytest.fixture(autouse=True)
+def _plain_cpu_buffers(monkeypatch):
+    """Weights stay in llama.cpp's plain CPU buffers (``use_extra_bufts = False``). On a CPU with AMX
+    (Intel Sapphire Rapids and later) llama.cpp otherwise repacks quantized weights for it, and that
+    path segfaults in ggml_backend_amx_mul_mat on our Q8_0 file (seen here; ggml-org/llama.cpp#20824
+    reports it on other quant types). The plain path computes the same types with AVX2/AVX-512."""
+    import llama_cpp.llama_cpp as lib
+    defaults = lib.llama_model_default_params
+
+    def params():
+        p = defaults()
+        p.use_extra_bufts = False
+        return p
+    monkeypatch.setattr(lib, "llama_model_default_params", params)
+
+
 def llama_cpp(path, n_ctx: int):
     from llama_cpp import Llama
     return Llama(model_path=str(path), n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, logits_all=True,
