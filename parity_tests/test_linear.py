@@ -9,13 +9,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from gptconv.models import linear as linear_module
 from gptconv.models.linear import Linear, linear
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("out_features,in_features", [(64, 48), (67, 48), (5, 48), (48, 50)])
 @pytest.mark.parametrize("layout", ["out-in", "in-out view"])
-def test_single_row_equals_f_linear(threads, out_features, in_features, layout):
+@pytest.mark.parametrize("blocks", [True, False], ids=["blocks", "gemv"])
+def test_single_row_equals_f_linear(threads, out_features, in_features, layout, blocks, monkeypatch):
+    # both products, whichever this machine's timing would pick
+    monkeypatch.setattr(linear_module, "_blocks_are_faster", lambda weight, product: blocks)
     g = torch.Generator().manual_seed(out_features * in_features)
     w = torch.randn(out_features, in_features, generator=g)
     if layout == "in-out view":  # GPT-2's Conv1D weights, kept as a transposed view of the file's (in, out)
@@ -59,3 +63,21 @@ def test_empty_build_initialises_nothing():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "False"
+
+
+def test_the_choice_is_timed_once_per_shape_and_kept(monkeypatch):
+    monkeypatch.setattr(linear_module, "_BLOCKS_FASTER", {})
+    timed = []
+    real = linear_module._seconds
+    monkeypatch.setattr(linear_module, "_seconds", lambda run, repeat=3: timed.append(run) or real(run, repeat))
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        w, x = torch.randn(64, 48), torch.randn(1, 48)
+        for _ in range(3):
+            torch.testing.assert_close(linear(x, w), F.linear(x, w))
+        assert len(timed) == 2 and list(linear_module._BLOCKS_FASTER) == [((64, 48), (48, 1), torch.float32, 2)]
+        linear(x, torch.randn(32, 48))  # another shape is timed on its own
+        assert len(timed) == 4
+    finally:
+        torch.set_num_threads(old)
