@@ -157,9 +157,15 @@ def test_narrowing_finds_every_non_finite_value(src_dtype, dtype, bad):
         t[pos] = bad
         with pytest.raises(GptconvError, match="'w' holds NaN or Inf"):
             narrow("w", t, dtype)
-    view = torch.randn(100, 37).t()  # a transposed view converts to the contiguous transpose
-    got = narrow("w", view, dtype)
-    assert got.is_contiguous() and torch.equal(got, view.to(dtype))
+    for rows, cols in [(100, 37), (517, 300)]:  # a transposed view converts to the contiguous transpose,
+        view = torch.randn(rows, cols).to(src_dtype).t()  # tile by tile, ragged edges included
+        for chunk in (1000, Narrowing.CHUNK):
+            narrow.CHUNK = chunk
+            got = narrow("w", view, dtype)
+            assert got.is_contiguous() and torch.equal(got, view.to(dtype))
+        view[cols - 1, rows - 1] = bad
+        with pytest.raises(GptconvError, match="'w' holds NaN or Inf"):
+            narrow("w", view, dtype)
     assert narrow("w", torch.empty(0, 4), dtype).shape == (0, 4)
 
 

@@ -165,7 +165,7 @@ class Narrowing:
         for i in range(0, rows.shape[0], step):
             part, dst = rows[i:i + step], dst_rows[i:i + step]
             if not same:
-                dst.copy_(part)  # converts, and transposes a transposed view, in one pass
+                _copy(dst, part)  # converts, and transposes a transposed view, in one pass
             lo, hi = torch.aminmax(dst)  # NaN propagates and ±Inf shows: all finite iff both ends are
             if not (torch.isfinite(lo) and torch.isfinite(hi)):
                 fixed = self._out_of_range(name, t, part, dtype)  # raises unless clamping
@@ -181,6 +181,18 @@ class Narrowing:
             raise where(self.origin, f"tensor '{name}' has |w| = {peak:g} > {F16_MAX:g}, the float16 maximum; "
                                      "export as bf16/f32, or pass --clamp to clip it")
         return part.clamp(-F16_MAX, F16_MAX).to(dtype)
+
+
+def _copy(dst: torch.Tensor, src: torch.Tensor, tile: int = 256) -> None:
+    """``dst.copy_(src)``; a transposed ``src`` (GPT-2's Conv1D weights) is copied in tile × tile
+    squares. Whole, each output row gathers one element from every source row, a power-of-two stride
+    apart: GPT-2's 768 × 3072 ran at 0.16 G elements/s against 0.8 in tiles (4.3 for a plain copy)."""
+    if src.dim() != 2 or src.stride(-1) == 1:
+        dst.copy_(src)
+        return
+    for i in range(0, src.shape[0], tile):
+        for j in range(0, src.shape[1], tile):
+            dst[i:i + tile, j:j + tile].copy_(src[i:i + tile, j:j + tile])
 
 
 @dataclass
