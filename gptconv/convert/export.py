@@ -286,10 +286,12 @@ def export(source: str, out: Path, format: str = "safetensors", dtype: str = "f3
         raise where(out, "already exists; pass --force to replace it")
     src = open_source(source, revision, backend="stream")  # each tensor mapped on its own, unmapped when freed
     weights = Weights.of(src)
-    try:
-        tokenizer = load_tokenizer(src)
-    except GptconvError:
-        tokenizer = None
+    tokenizer = None
+    if format == "gguf" or src.format != "hf":  # an HF folder's own tokenizer files are copied as they are
+        try:
+            tokenizer = load_tokenizer(src)
+        except GptconvError:
+            pass
     narrow = Narrowing(src.path, clamp)
     with atomic_output(out, force) as tmp, _threads_but_one():
         if format == "safetensors":
