@@ -13,7 +13,7 @@ from .convert.checkpoint import open_hf_folder, read_safetensors, read_torch_bin
 from .errors import GptconvError, where
 from .loader import Source, load_source, open_source, parse_dtype
 from .reference import (load_transformers_model, parity_inputs, read_reference, reference_steps,
-                        save_reference, streamed_transformers_model)
+                        save_reference, shared_transformers_model, streamed_transformers_model)
 from .tokenizer import Tokenizer, load_tokenizer
 from .verify import Report, compare
 
@@ -89,7 +89,7 @@ def verify_source(source: str, dtype: str = "float32", length: int | None = None
         src = open_source(source, revision, backend="stream")  # each block's tensors unmapped when dropped
         model, hf = load_source(src, dtype, streamed=True), streamed_transformers_model(src)
     else:
-        model, hf = load_source(src, dtype), load_transformers_model(src.path)
+        model, hf = load_source(src, dtype), shared_transformers_model(src)  # fp32 weights in memory once
     inputs = parity_inputs(tokenizer_or_none(src), src.config.vocab_size, _length(src, length), seed)
     import transformers
     return compare(model, inputs, lambda name, ids: reference_steps(hf, src.arch, src.config.n_layers, ids),

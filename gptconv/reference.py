@@ -64,36 +64,76 @@ def load_transformers_model(path: Path) -> nn.Module:
     return model.eval()
 
 
+def shared_transformers_model(src) -> nn.Module:
+    """transformers' model, fp32 and eager, whole, its weights read by transformers' own parameter
+    names straight from the checkpoint (never through our key map) and shape-checked. From an fp32
+    HF folder these are the very memory-mapped tensors our model holds, so the weights are in
+    memory once for the two models, not twice. A GGUF file, or an HF folder under other names than
+    transformers' (GPT-2's original keys), goes through ``from_pretrained``."""
+    if src.format == "hf":
+        hf = _empty_transformers_model(src)
+        stored = _stored_names(src, hf)
+        if stored is not None:
+            return _fill(src, hf, stored, streamed=False)
+    return load_transformers_model(src.path)
+
+
 def streamed_transformers_model(src) -> nn.Module:
     """transformers' model for an HF folder, fp32 and eager, with one block's weights in memory at a
-    time (``gptconv.streaming``). Its weights are read by transformers' own parameter names, straight
-    from the checkpoint, never through our key map."""
+    time (``gptconv.streaming``), read as in :func:`shared_transformers_model`."""
     if src.format != "hf":
         raise where(src.path, "the reference streams only HF folders; transformers reads a GGUF file whole")
+    hf = _empty_transformers_model(src)
+    stored = _stored_names(src, hf)
+    if stored is None:
+        raise where(src.path, "has tensors that are not under transformers' own names, so the reference cannot "
+                              "stream it; verify with --no-stream")
+    return _fill(src, hf, stored, streamed=True)
+
+
+def _fill(src, hf: nn.Module, stored: dict[str, str], streamed: bool) -> nn.Module:
+    shapes = {name: tuple(p.shape) for name, p in hf.named_parameters(remove_duplicate=False)}
+
+    def weight(name: str) -> torch.Tensor:
+        tensor = src.tensors[stored[name]].load().float()  # no copy when the file holds float32
+        if tuple(tensor.shape) != shapes[name]:
+            raise where(src.path, f"tensor '{stored[name]}' has shape {tuple(tensor.shape)}; transformers' "
+                                  f"'{name}' is {shapes[name]}")
+        return tensor
+    blocks = REFERENCE_TAPS[src.arch]["block.{i}"]
+    streamed_blocks = [blocks.format(i=i) for i in range(src.config.n_layers)] if streamed else []
+    return stream_blocks(hf, streamed_blocks, weight).eval()  # with no blocks named, every weight is read now
+
+
+def _empty_transformers_model(src) -> nn.Module:
     try:
         import transformers
         from accelerate import init_empty_weights
         from transformers import AutoConfig, AutoModelForCausalLM
     except ImportError:
-        raise GptconvError("a streamed verify needs transformers and accelerate (pip install 'gptconv[reference]')") from None
+        raise GptconvError("verify needs transformers and accelerate for the reference "
+                           "(pip install 'gptconv[reference]'), or a recorded file: --reference ref.safetensors") from None
     transformers.logging.set_verbosity_error()
     with init_empty_weights():  # parameters on meta; buffers (RoPE frequencies, masks) computed for real
         hf = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(src.path), dtype=torch.float32,
                                               attn_implementation="eager")
     hf.tie_weights()  # a tied head shares the embedding's parameter (transformers ties at load time)
-    stored: dict[str, str] = {}  # transformers' name → the name the file stores it under (tied heads: the embedding)
+    return hf
+
+
+def _stored_names(src, hf: nn.Module) -> dict[str, str] | None:
+    """transformers' parameter name → the name the file stores it under (a tied head: the
+    embedding's), or None when some parameter is under no name transformers uses."""
+    stored: dict[str, str] = {}
     groups: dict[int, list[str]] = {}
     for name, p in hf.named_parameters(remove_duplicate=False):
         groups.setdefault(id(p), []).append(name)
     for group in groups.values():
         present = [n for n in group if n in src.tensors]
         if not present:
-            raise where(src.path, f"has no tensor '{group[0]}' under transformers' own name, so the reference cannot "
-                                  "stream it; verify with --no-stream")
+            return None
         stored.update({n: present[0] for n in group})
-    blocks = REFERENCE_TAPS[src.arch]["block.{i}"]
-    return stream_blocks(hf, [blocks.format(i=i) for i in range(src.config.n_layers)],
-                         lambda name: src.tensors[stored[name]].load().float()).eval()
+    return stored
 
 
 @torch.no_grad()

@@ -61,5 +61,33 @@ def test_streaming_a_gguf_reference_is_refused(smollm2):
 
 def test_names_transformers_does_not_use_are_refused(ckpts):
     src = open_source(ckpts["tiny-legacy"], backend="stream")  # GPT-2's original keys, without 'transformer.'
-    with pytest.raises(GptconvError, match="under transformers' own name"):
+    with pytest.raises(GptconvError, match="not under transformers' own names"):
         streamed_transformers_model(src)
+
+
+@pytest.mark.parametrize("fixture,name,ours_name,theirs_name", [
+    ("llamas", "llama3-gqa", "blocks.0.attn.q.weight", "model.layers.0.self_attn.q_proj.weight"),
+    ("ckpts", "tiny", "blocks.0.attn.qkv.weight", "transformer.h.0.attn.c_attn.weight")])
+def test_the_whole_reference_shares_our_weights(request, fixture, name, ours_name, theirs_name):
+    """verify without streaming: from an fp32 HF folder, transformers' model and ours hold the same
+    memory-mapped tensors (the weights in memory once), and it computes what from_pretrained's does."""
+    from gptconv.reference import shared_transformers_model
+    folder = request.getfixturevalue(fixture)[name]
+    src = open_source(folder)
+    ours, ref = load_source(src), shared_transformers_model(src)
+    mine, theirs = ours.get_parameter(ours_name), ref.get_parameter(theirs_name)
+    assert mine.untyped_storage().data_ptr() == theirs.untyped_storage().data_ptr()
+    for p in ref.parameters():
+        assert not p.is_meta
+    ids = random_ids(src.config.vocab_size, 16)
+    arch, n = src.arch, src.config.n_layers
+    torch.testing.assert_close(reference_steps(ref, arch, n, ids)["logits"],
+                               reference_steps(load_transformers_model(folder), arch, n, ids)["logits"], rtol=0, atol=0)
+
+
+def test_the_whole_reference_falls_back_to_from_pretrained(ckpts):
+    from gptconv.reference import shared_transformers_model
+    src = open_source(ckpts["tiny-legacy"])  # GPT-2's original keys: transformers' loader renames them
+    ref = shared_transformers_model(src)
+    assert not any(p.is_meta for p in ref.parameters())
+    assert verify_source(str(ckpts["tiny-legacy"])).passed
