@@ -86,3 +86,29 @@ def test_reduced_precision_reports_its_own_tolerance(ckpts, dtype):
     report = verify_source(str(ckpts["tiny"]), dtype=dtype)
     assert report.dtype == dtype and report.tolerance["atol"] > 1e-4
     assert report.top1_agreement >= report.tolerance["min_top1"]
+
+
+def test_a_nan_anywhere_fails_the_step(ckpts, tmp_path):
+    """NaN compares false with everything: a NaN past the first rows must still count, as an infinite
+    difference, not be skipped over by max()."""
+    import torch
+
+    from gptconv.verify import abs_max, kl_per_position, max_abs_diff
+    a = torch.randn(1, 40, 50)
+    b = a.clone()
+    b[0, 33, 7] = float("nan")
+    assert max_abs_diff(a, b) == max_abs_diff(b, a) == abs_max(b) == float("inf")
+    assert max_abs_diff(a, a.clone()) == 0.0
+    assert kl_per_position(a, a + 0.0).abs().max().item() < 1e-12
+
+    ref = tmp_path / "ref.safetensors"
+    assert run_cli("reference", ckpts["odd"], "-o", ref).returncode == 0
+    bad = tmp_path / "bad"
+    shutil.copytree(ckpts["odd"], bad)
+    state = load_file(bad / "model.safetensors")
+    state["transformer.h.2.ln_2.weight"][5] = float("nan")
+    save_file(state, str(bad / "model.safetensors"), metadata={"format": "pt"})
+    r = run_cli("verify", bad, "--reference", ref, "--json")
+    assert r.returncode == 1, r.stderr
+    report = json.loads(r.stdout, parse_constant=lambda c: pytest.fail(f"not strict JSON: {c}"))
+    assert report["first_divergent_step"] == "block.2" and report["max_abs_diff"] == "inf"

@@ -138,7 +138,7 @@ def verify(source: str, dtype: str, length: int | None, seed: int, reference_fil
     from ..api import verify_source
     report = verify_source(source, dtype, length, seed, reference_file, revision, stream)
     if as_json:
-        click.echo(json.dumps(report.to_dict(), indent=2))
+        click.echo(json.dumps(report.to_dict(), indent=2, allow_nan=False))
     else:
         render.verify_report(report)
     sys.exit(0 if report.passed else 1)
