@@ -8,6 +8,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 
 from .convert.checkpoint import open_hf_folder, read_safetensors, read_torch_bin
 from .errors import GptconvError, where
@@ -97,9 +98,11 @@ def verify_source(source: str, dtype: str = "float32", length: int | None = None
 
 
 def _too_big_for_two(src: Source, dtype) -> bool:
-    """Would our model (in ``dtype``) and the fp32 reference together take over half the free memory?"""
+    """Would our model (in ``dtype``) and the fp32 reference together take over half the free memory?
+    From an fp32 folder, verified in fp32, the two share one copy of the weights."""
     n = sum(math.prod(t.shape) for t in src.tensors.values())
-    return n * (dtype.itemsize + 4) > 0.5 * _available_memory()
+    shared = src.format == "hf" and dtype == torch.float32 and set(src.stored_types.values()) == {"float32"}
+    return n * (dtype.itemsize + (0 if shared else 4)) > 0.5 * _available_memory()
 
 
 def _available_memory() -> int:
