@@ -67,6 +67,9 @@ def test_names_transformers_does_not_use_are_refused(ckpts):
 
 @pytest.mark.parametrize("fixture,name,ours_name,theirs_name", [
     ("llamas", "llama3-gqa", "blocks.0.attn.q.weight", "model.layers.0.self_attn.q_proj.weight"),
+    ("llamas", "llama31-scaled", "blocks.1.mlp.down.weight", "model.layers.1.mlp.down_proj.weight"),
+    ("llamas", "tied", "tok_emb.weight", "lm_head.weight"),
+    ("llamas", "qwen2", "blocks.0.attn.k.bias", "model.layers.0.self_attn.k_proj.bias"),
     ("ckpts", "tiny", "blocks.0.attn.qkv.weight", "transformer.h.0.attn.c_attn.weight")])
 def test_the_whole_reference_shares_our_weights(request, fixture, name, ours_name, theirs_name):
     """verify without streaming: from an fp32 HF folder, transformers' model and ours hold the same
