@@ -42,7 +42,8 @@ def _blocks_are_faster(weight: torch.Tensor, product: Callable) -> bool:
     key = (tuple(weight.shape), weight.stride(), weight.dtype, torch.get_num_threads())
     if key not in _BLOCKS_FASTER:
         x = torch.ones(1, weight.size(1), dtype=weight.dtype)
-        _BLOCKS_FASTER[key] = _seconds(lambda: product(x, None)) < _seconds(lambda: F.linear(x, weight))
+        with torch.no_grad():
+            _BLOCKS_FASTER[key] = _seconds(lambda: product(x, None)) < _seconds(lambda: F.linear(x, weight))
     return _BLOCKS_FASTER[key]
 
 
