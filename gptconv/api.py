@@ -91,7 +91,7 @@ def verify_source(source: str, dtype: str = "float32", length: int | None = None
         model, hf = load_source(src, dtype, streamed=True), streamed_transformers_model(src)
     else:
         model, hf = load_source(src, dtype), shared_transformers_model(src)  # fp32 weights in memory once
-    inputs = parity_inputs(tokenizer_or_none(src), src.config.vocab_size, _length(src, length), seed)
+    inputs = _inputs(src, length, seed)
     import transformers
     return compare(model, inputs, lambda name, ids: reference_steps(hf, src.arch, src.config.n_layers, ids),
                    source, f"transformers {transformers.__version__} (fp32, eager{', streamed' if stream else ''})")
@@ -127,11 +127,16 @@ def record_reference(source: str, out: Path, length: int | None = None, seed: in
 
 def live_reference(src: Source, length: int | None, seed: int):
     """(inputs, transformers' steps per input, transformers' version) for the fixed inputs."""
-    inputs = parity_inputs(tokenizer_or_none(src), src.config.vocab_size, _length(src, length), seed)
+    inputs = _inputs(src, length, seed)
     hf = load_transformers_model(src.path)
     records = {name: reference_steps(hf, src.arch, src.config.n_layers, ids) for name, ids in inputs.items()}
     import transformers
     return inputs, records, transformers.__version__
+
+
+def _inputs(src: Source, length: int | None, seed: int) -> dict:
+    """The fixed prompts and the seeded random ids both sides run."""
+    return parity_inputs(tokenizer_or_none(src), src.config.vocab_size, _length(src, length), seed)
 
 
 def _length(src: Source, length: int | None) -> int:

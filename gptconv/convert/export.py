@@ -17,12 +17,12 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from ..errors import GptconvError, where
-from .keymap import Plan, model_shapes
+from .keymap import KeyMap, Plan, Transform, model_shapes
 
 F16_MAX = 65504.0
 EXPORT_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16, "q8_0": None}
@@ -195,14 +195,23 @@ def _copy(dst: torch.Tensor, src: torch.Tensor, tile: int = 256) -> None:
             dst[i:i + tile, j:j + tile].copy_(src[i:i + tile, j:j + tile])
 
 
+class Stored(NamedTuple):
+    """One of our parameters as an export writes it."""
+
+    ours: str  # our parameter name
+    name: str  # its name in the written format
+    transform: Transform  # the key table's transform, applied inverse on the way out
+    shape: tuple[int, ...]  # as written
+
+
 @dataclass
 class Weights:
     """Our model's parameters as export reads them: every name and shape up front (the writers
-    lay out their headers first), then the tensors one at a time, in the same (the model's) order.
-    Nothing is loaded as a model: each tensor is read, converted, written and freed in turn."""
+    lay out their headers first), then the tensors one at a time. Nothing is loaded as a model:
+    each tensor is read, converted, written and freed in turn."""
 
     config: Any
-    shapes: dict[str, tuple[int, ...]]  # our name → shape
+    shapes: dict[str, tuple[int, ...]]  # our name → shape, in the model's order
     plan: Plan
     dtype: torch.dtype  # the source's own precision (a bf16 checkpoint stays bf16), else float32
 
@@ -211,13 +220,26 @@ class Weights:
         from ..models import build_empty
         shapes = model_shapes(build_empty(src.config))
         plan = src.plan(shapes)  # the strict ledger, checked before anything is written
-        order = {name: i for i, name in enumerate(shapes)}
-        plan.moves.sort(key=lambda move: order[move[1]])
         return cls(src.config, shapes, plan, _load_dtype(src))
 
-    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
-        with torch.no_grad():
-            yield from self.plan.tensors(self.dtype)
+    def stored_as(self, keymap: KeyMap) -> list[Stored]:
+        """Every parameter's name, transform and shape in the written format, read off the same
+        key table as import."""
+        stored = []
+        for ours, shape in self.shapes.items():
+            name, transform = keymap.source_name(ours)
+            written = transform.inverse(torch.empty(shape, device="meta"), self.config)
+            stored.append(Stored(ours, name, transform, tuple(written.shape)))
+        return stored
+
+    def written(self, stored: list[Stored]) -> Iterator[torch.Tensor]:
+        """Each of ``stored`` in its written layout, read from the source one at a time; the
+        source tensor is dropped before the next is read (its pages unmapped), so a caller keeps
+        no reference past its loop body."""
+        for s in stored:
+            tensor = self.plan.tensor(s.ours, self.dtype)
+            yield s.transform.inverse(tensor, self.config)
+            del tensor
 
 
 @contextlib.contextmanager

@@ -46,32 +46,26 @@ def _write(w: GGUFWriter, weights: Weights, src, tokenizer, dtype: str, narrow: 
     _add_hparams(w, cfg)
     _add_tokenizer(w, tokenizer, cfg, src.path)
 
-    plan = []  # (our name, gguf name, transform, shape in GGUF layout, ggml type)
-    for ours, shape in weights.shapes.items():
-        gguf_name, transform = keymap.source_name(ours)
-        gguf_shape = tuple(transform.inverse(torch.empty(shape, device="meta"), cfg).shape)
-        plan.append((ours, gguf_name, transform, gguf_shape, _tensor_type(gguf_shape, dtype)))
+    stored = weights.stored_as(keymap)
+    qtypes = [_tensor_type(s.shape, dtype) for s in stored]
+    infos = [(s.name, s.shape, qtype) for s, qtype in zip(stored, qtypes)]
     factors = _rope_factors(cfg)
     if factors is not None:
-        plan.append((None, "rope_freqs.weight", None, tuple(factors.shape), Q.F32))
+        infos.append(("rope_freqs.weight", tuple(factors.shape), Q.F32))
 
-    for _, gguf_name, _, shape, qtype in plan:
+    for gguf_name, shape, qtype in infos:
         nbytes, np_dtype, info_shape = _layout(shape, qtype)
         w.add_tensor_info(gguf_name, info_shape, np_dtype, nbytes, raw_dtype=None if qtype in (Q.F32, Q.F16) else qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
-    tensors = iter(weights)  # in the order of plan
     with WriteBehind() as write:
-        for ours, gguf_name, transform, shape, qtype in plan:
-            if ours is None:
-                write(w.write_tensor_data, factors.numpy())
-                continue
-            got, tensor = next(tensors)
-            assert got == ours, (got, ours)
-            data = _encode(gguf_name, transform.inverse(tensor, cfg), qtype, narrow)
+        for s, qtype, tensor in zip(stored, qtypes, weights.written(stored)):
+            data = _encode(s.name, tensor, qtype, narrow)
             del tensor  # its pages are unmapped before the next tensor is read
             write(w.write_tensor_data, data)
+        if factors is not None:
+            write(w.write_tensor_data, factors.numpy())
 
 
 def _tensor_type(shape: tuple[int, ...], dtype: str) -> Q:

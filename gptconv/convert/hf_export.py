@@ -14,7 +14,7 @@ import torch
 
 from ..errors import where
 from . import HF_FAMILIES
-from .export import ExportedFile, Narrowing, Weights, WriteBehind, sha256_file
+from .export import ExportedFile, Narrowing, Stored, Weights, WriteBehind, sha256_file
 from .safetensors_writer import SafetensorsWriter
 
 HF_FAMILY_OF_ARCH = {"gpt2": "gpt2", "llama": "llama"}
@@ -32,40 +32,32 @@ def write_hf_folder(weights: Weights, src, tokenizer, folder: Path, dtype: torch
     keymap = family.keymap(cfg)
     folder.mkdir()
 
-    # (our name, HF name, transform, HF shape), then shards of at most shard_bytes
-    rows = []
-    for name, shape in weights.shapes.items():
-        hf_name, transform = keymap.source_name(name)
-        hf_shape = tuple(transform.inverse(torch.empty(shape, device="meta"), cfg).shape)
-        rows.append((name, hf_name, transform, hf_shape))
-    shards: list[list] = [[]]
+    stored = weights.stored_as(keymap)  # then shards of at most shard_bytes
+    shards: list[list[Stored]] = [[]]
     size = 0
-    for row in rows:
-        nbytes = torch.Size(row[3]).numel() * dtype.itemsize
+    for s in stored:
+        nbytes = torch.Size(s.shape).numel() * dtype.itemsize
         if shards[-1] and size + nbytes > shard_bytes:
             shards.append([])
             size = 0
-        shards[-1].append(row)
+        shards[-1].append(s)
         size += nbytes
 
-    tensors = iter(weights)  # in the order of rows
+    tensors = weights.written(stored)
     files, weight_map = [], {}
     for n, shard in enumerate(shards):
         file = "model.safetensors" if len(shards) == 1 else f"model-{n + 1:05d}-of-{len(shards):05d}.safetensors"
-        with SafetensorsWriter(folder / file, [(hf, dtype, shape) for _, hf, _, shape in shard],
-                               {"format": "pt"}) as writer:
+        with SafetensorsWriter(folder / file, [(s.name, dtype, s.shape) for s in shard], {"format": "pt"}) as writer:
             with WriteBehind() as write:
-                for name, hf_name, transform, _ in shard:
-                    ours, tensor = next(tensors)
-                    assert ours == name, (ours, name)
-                    data = narrow(hf_name, transform.inverse(tensor, cfg), dtype)
+                for s, tensor in zip(shard, tensors):  # the shard's row first: zip stops before reading past it
+                    data = narrow(s.name, tensor, dtype)
                     del tensor
-                    write(writer.write, hf_name, data)
-                    weight_map[hf_name] = file
+                    write(writer.write, s.name, data)
+                    weight_map[s.name] = file
             digest = writer.close()
             files.append(ExportedFile(file, (folder / file).stat().st_size, digest))
     if len(shards) > 1:
-        total = sum(torch.Size(r[3]).numel() * dtype.itemsize for r in rows)
+        total = sum(torch.Size(s.shape).numel() * dtype.itemsize for s in stored)
         files.append(_write_json(folder / "model.safetensors.index.json",
                                  {"metadata": {"total_size": total}, "weight_map": weight_map}))
     config_json["dtype"] = str(dtype).removeprefix("torch.")

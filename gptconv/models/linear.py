@@ -34,6 +34,10 @@ def _split(weight: torch.Tensor, x: torch.Tensor) -> Callable | None:
     return product if product is not None and _blocks_are_faster(weight, product) else None
 
 
+def _one_row_on_cpu(x: torch.Tensor) -> bool:
+    return x.device.type == "cpu" and x.numel() == x.size(-1)
+
+
 _BLOCKS_FASTER: dict[tuple, bool] = {}
 
 
@@ -59,7 +63,7 @@ def _seconds(run: Callable[[], object], repeat: int = 3) -> float:
 
 def _blocks(weight: torch.Tensor, x: torch.Tensor) -> Callable | None:
     """The block product for a single row ``x`` on the CPU, or None where it does not apply."""
-    if x.device.type != "cpu" or x.numel() != x.size(-1):
+    if not _one_row_on_cpu(x):
         return None
     k = 2 * torch.get_num_threads()  # two blocks a thread measured ~10% faster than one
     if k < 4:
@@ -91,7 +95,7 @@ class Linear(nn.Linear):
     views of its weight are made once, not at every token."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.numel() != x.size(-1) or x.device.type != "cpu":
+        if not _one_row_on_cpu(x):
             return F.linear(x, self.weight, self.bias)
         made = self.__dict__.get("_made_for")
         if made is None or made[0] is not self.weight or made[1] != torch.get_num_threads():
