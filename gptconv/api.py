@@ -13,8 +13,7 @@ import torch
 from .convert.checkpoint import open_hf_folder, read_safetensors, read_torch_bin
 from .errors import GptconvError, where
 from .loader import Source, load_source, open_source, parse_dtype
-from .reference import (load_transformers_model, parity_inputs, read_reference, reference_steps,
-                        save_reference, shared_transformers_model, streamed_transformers_model)
+from .reference import gguf_config_disagreements, parity_inputs, read_reference, reference_steps, save_reference, transformers_model
 from .tokenizer import Tokenizer, load_tokenizer
 from .verify import Report, compare
 
@@ -69,40 +68,68 @@ def encode_prompt(src: Source, text: str | None, ids: str | None) -> list[int]:
     return out
 
 
+REFERENCES = ("transformers", "llama.cpp")
+
+
 def verify_source(source: str, dtype: str = "float32", length: int | None = None, seed: int = 0,
                   reference_file: Path | None = None, revision: str | None = None,
-                  stream: bool | None = None) -> Report:
-    """Our model against transformers (live) or a recorded reference file.
+                  stream: bool | None = None, against: str = "transformers") -> Report:
+    """Our model against a reference: transformers (live), llama.cpp (a GGUF file), or a recorded file.
 
-    ``stream``: run both models one block at a time (``gptconv.streaming``); by default, when the
-    two would not fit in memory side by side.
+    At float16 / bfloat16 the reference also runs in that dtype, and ours is judged against the
+    reference's own error (``verify.LOW_PRECISION_FACTOR``). ``stream``: run both models one block
+    at a time (``gptconv.streaming``); by default, when they would not fit in memory side by side.
     """
+    if against not in REFERENCES:
+        raise GptconvError(f"--against '{against}': choose {' or '.join(REFERENCES)}")
+    dt = parse_dtype(dtype)
+    low = dt != torch.float32
+    name = str(dt).removeprefix("torch.")
     src = open_source(source, revision)
+    if against == "llama.cpp":
+        if reference_file is not None:
+            raise GptconvError("--reference and --against llama.cpp: choose one reference")
+        from .llamacpp import verify_gguf
+        return verify_gguf(src, load_source(src, dt), _inputs(src, length, seed))
     if reference_file is not None:
-        model = load_source(src, parse_dtype(dtype))
-        inputs, records, meta = read_reference(Path(reference_file))
+        model = load_source(src, dt)
+        inputs, runs, meta = read_reference(Path(reference_file))
         if meta.get("arch") != src.arch:
             raise where(reference_file, f"records a '{meta.get('arch')}' model, the source is '{src.arch}'")
-        return compare(model, inputs, lambda name, ids: records[name], source, f"recorded: {reference_file}")
+        if low and name not in runs:
+            raise where(reference_file, f"records no {name} run of the reference; record one with "
+                                        f"`gptconv reference --dtype {name}`")
+        return compare(model, inputs, lambda n, ids: runs["float32"][n], source, f"recorded: {reference_file}",
+                       reference_at_dtype=(lambda n, ids: runs[name][n]) if low else None)
     if stream is None:
-        stream = src.format == "hf" and _too_big_for_two(src, parse_dtype(dtype))
+        stream = src.format == "hf" and _too_big_for_two(src, dt)
     if stream:
         src = open_source(source, revision, backend="stream")  # each block's tensors unmapped when dropped
-        model, hf = load_source(src, dtype, streamed=True), streamed_transformers_model(src)
-    else:
-        model, hf = load_source(src, dtype), shared_transformers_model(src)  # fp32 weights in memory once
+    model = load_source(src, dt, streamed=stream)
+    hf = transformers_model(src, torch.float32, streamed=stream)  # an fp32 folder in fp32: weights in memory once
+    hf_low = transformers_model(src, dt, streamed=stream) if low else None
     inputs = _inputs(src, length, seed)
     import transformers
-    return compare(model, inputs, lambda name, ids: reference_steps(hf, src.arch, src.config.n_layers, ids),
-                   source, f"transformers {transformers.__version__} (fp32, eager{', streamed' if stream else ''})")
+    run = lambda m: lambda n, ids: reference_steps(m, src.arch, src.config.n_layers, ids)  # noqa: E731
+    runs = "fp32" + (f" and {name}" if low else "")
+    report = compare(model, inputs, run(hf), source,
+                     f"transformers {transformers.__version__} ({runs}, eager{', streamed' if stream else ''})",
+                     reference_at_dtype=run(hf_low) if low else None)
+    if src.format == "gguf":  # the reference runs on our reading of the file's metadata: check it
+        misread = gguf_config_disagreements(src)
+        report.notes += misread
+        report.passed = report.passed and not misread
+    return report
 
 
-def _too_big_for_two(src: Source, dtype) -> bool:
-    """Would our model (in ``dtype``) and the fp32 reference together take over half the free memory?
-    From an fp32 folder, verified in fp32, the two share one copy of the weights."""
+def _too_big_for_two(src: Source, dtype: torch.dtype) -> bool:
+    """Would our model (in ``dtype``) and the references (fp32, and ``dtype`` when it is not fp32) together
+    take over half the free memory? From an fp32 folder, verified in fp32, ours and the fp32
+    reference share one copy of the weights."""
     n = sum(math.prod(t.shape) for t in src.tensors.values())
     shared = src.format == "hf" and dtype == torch.float32 and set(src.stored_types.values()) == {"float32"}
-    return n * (dtype.itemsize + (0 if shared else 4)) > 0.5 * _available_memory()
+    low = 0 if dtype == torch.float32 else dtype.itemsize
+    return n * (dtype.itemsize + (0 if shared else 4) + low) > 0.5 * _available_memory()
 
 
 def _available_memory() -> int:
@@ -117,21 +144,21 @@ def _available_memory() -> int:
 
 
 def record_reference(source: str, out: Path, length: int | None = None, seed: int = 0,
-                     revision: str | None = None) -> Path:
-    """Write transformers' outputs on the fixed inputs to ``out`` (safetensors) for a later verify."""
-    src = open_source(source, revision)
-    inputs, records, version = live_reference(src, length, seed)
-    save_reference(Path(out), records, inputs, {"arch": src.arch, "source": str(source), "transformers": version})
-    return Path(out)
-
-
-def live_reference(src: Source, length: int | None, seed: int):
-    """(inputs, transformers' steps per input, transformers' version) for the fixed inputs."""
-    inputs = _inputs(src, length, seed)
-    hf = load_transformers_model(src.path)
-    records = {name: reference_steps(hf, src.arch, src.config.n_layers, ids) for name, ids in inputs.items()}
+                     revision: str | None = None, dtype: str = "float32") -> Path:
+    """Write transformers' outputs on the fixed inputs to ``out`` (safetensors) for a later verify:
+    its float32 run, and its run in ``dtype`` too when that is float16 or bfloat16."""
     import transformers
-    return inputs, records, transformers.__version__
+    src = open_source(source, revision)
+    inputs = _inputs(src, length, seed)
+    runs = {}
+    for dt in dict.fromkeys([torch.float32, parse_dtype(dtype)]):
+        hf = transformers_model(src, dt)
+        runs[str(dt).removeprefix("torch.")] = {name: reference_steps(hf, src.arch, src.config.n_layers, ids)
+                                                for name, ids in inputs.items()}
+        del hf
+    save_reference(Path(out), runs, inputs, {"arch": src.arch, "source": str(source),
+                                             "transformers": transformers.__version__})
+    return Path(out)
 
 
 def _inputs(src: Source, length: int | None, seed: int) -> dict:

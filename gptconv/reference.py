@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 from pathlib import Path
 
 import torch
@@ -46,56 +47,103 @@ def parity_inputs(tokenizer: object | None, vocab_size: int, length: int, seed: 
     return inputs
 
 
-def load_transformers_model(path: Path) -> nn.Module:
-    """transformers' own model for the checkpoint, fp32 and eager attention: the reference."""
+def _transformers():
     try:
         import transformers
-        from transformers import AutoModelForCausalLM
+        from accelerate import init_empty_weights  # noqa: F401  (used by _empty_transformers_model)
     except ImportError:
-        raise GptconvError("verify needs transformers for the reference (pip install 'gptconv[reference]'), "
-                           "or a recorded file: --reference ref.safetensors") from None
+        raise GptconvError("verify needs transformers and accelerate for the reference "
+                           "(pip install 'gptconv[reference]'), or a recorded file: --reference ref.safetensors") from None
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
+    return transformers
+
+
+def load_transformers_model(path: Path, dtype: torch.dtype = torch.float32, config: object = None) -> nn.Module:
+    """``from_pretrained`` of an HF folder or a GGUF file, eager attention, in ``dtype``; ``config``
+    (a transformers config) replaces the one transformers would read from the checkpoint."""
+    transformers = _transformers()
     where_from = {"gguf_file": path.name} if path.suffix == ".gguf" else {}  # transformers dequantizes GGUF itself
     folder = path.parent if where_from else path
     with contextlib.redirect_stderr(io.StringIO()):  # its GGUF dequantizer draws a progress bar of its own
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager",
-                                                     **where_from)
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            folder, dtype=dtype, attn_implementation="eager", **where_from, **({"config": config} if config else {}))
     return model.eval()
 
 
-def shared_transformers_model(src) -> nn.Module:
-    """transformers' model, fp32 and eager, whole, its weights read by transformers' own parameter
-    names straight from the checkpoint (never through our key map) and shape-checked. From an fp32
-    HF folder these are the very memory-mapped tensors our model holds, so the weights are in
-    memory once for the two models, not twice. A GGUF file, or an HF folder under other names than
-    transformers' (GPT-2's original keys), goes through ``from_pretrained``."""
-    if src.format == "hf":
-        hf = _empty_transformers_model(src)
-        stored = _stored_names(src, hf)
-        if stored is not None:
-            return _fill(src, hf, stored, streamed=False)
-    return load_transformers_model(src.path)
+def transformers_model(src, dtype: torch.dtype = torch.float32, streamed: bool = False) -> nn.Module:
+    """transformers' own model for an opened source, eager attention, in ``dtype``: the reference.
 
-
-def streamed_transformers_model(src) -> nn.Module:
-    """transformers' model for an HF folder, fp32 and eager, with one block's weights in memory at a
-    time (``gptconv.streaming``), read as in :func:`shared_transformers_model`."""
-    if src.format != "hf":
-        raise where(src.path, "the reference streams only HF folders; transformers reads a GGUF file whole")
-    hf = _empty_transformers_model(src)
+    From an HF folder its weights are read by transformers' own parameter names straight from the
+    checkpoint (never through our key map) and shape-checked; in fp32 from an fp32 folder these
+    are the very memory-mapped tensors our model holds, so the weights are in memory once for the
+    two models. ``streamed``: one block's weights in memory at a time (``gptconv.streaming``).
+    A folder under other names than transformers' (GPT-2's original keys) goes through
+    ``from_pretrained``. A GGUF file: see :func:`gguf_transformers_model`.
+    """
+    if src.format == "gguf":
+        if streamed:
+            raise where(src.path, "the reference streams only HF folders; transformers reads a GGUF file whole")
+        return gguf_transformers_model(src, dtype)
+    _transformers()
+    hf = _empty_transformers_model(src, dtype)
     stored = _stored_names(src, hf)
-    if stored is None:
+    if stored is not None:
+        return _fill(src, hf, stored, streamed, dtype)
+    if streamed:
         raise where(src.path, "has tensors that are not under transformers' own names, so the reference cannot "
                               "stream it; verify with --no-stream")
-    return _fill(src, hf, stored, streamed=True)
+    return load_transformers_model(src.path, dtype)
 
 
-def _fill(src, hf: nn.Module, stored: dict[str, str], streamed: bool) -> nn.Module:
+def gguf_transformers_model(src, dtype: torch.dtype = torch.float32) -> nn.Module:
+    """transformers' model for a GGUF file: its weights read and dequantized by transformers' own GGUF
+    loader, its configuration the one the file encodes as we parsed it. transformers' GGUF loader
+    builds its config from a few metadata keys and ignores the rest (a ``rope_freqs`` tensor gives
+    ``rope_type: default``), so a correct Llama 3.1 file would fail against it."""
+    from .convert import hf_family
+    transformers = _transformers()
+    try:
+        data = hf_family(src.config).config_to_hf(src.config)
+    except ValueError as e:
+        raise where(src.path, f"transformers cannot represent this model ({e}); "
+                              "verify it with --against llama.cpp") from None
+    config = transformers.AutoConfig.for_model(**data)
+    try:
+        return load_transformers_model(src.path, dtype, config)
+    except (ValueError, KeyError, NotImplementedError, TypeError, RuntimeError) as e:
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise where(src.path, f"transformers cannot read this GGUF file ({first}); "
+                              "verify it with --against llama.cpp") from None
+
+
+def gguf_config_disagreements(src) -> list[str]:
+    """The fields where transformers' own reading of a GGUF file's metadata differs from ours. The
+    reference runs on our reading (see :func:`gguf_transformers_model`), so a field we misread would
+    go unseen; transformers reads most of them independently (not RoPE scaling, which it ignores)."""
+    from .convert import hf_family
+    transformers = _transformers()
+    ours = hf_family(src.config).config_to_hf(src.config)
+    ours["rope_theta"] = ours.pop("rope_parameters", {}).get("rope_theta")
+    with contextlib.redirect_stderr(io.StringIO()):
+        theirs = transformers.AutoConfig.from_pretrained(src.path.parent, gguf_file=src.path.name).to_dict()
+    theirs["rope_theta"] = (theirs.get("rope_parameters") or {}).get("rope_theta", theirs.get("rope_theta"))
+    out = []
+    for key, value in ours.items():
+        other = theirs.get(key)
+        if key in ("architectures", "model_type") or value is None or other is None:
+            continue
+        same = math.isclose(value, other, rel_tol=1e-6) if isinstance(value, float) else value == other
+        if not same:
+            out.append(f"transformers reads {key} = {other!r} from the file, we read {value!r}")
+    return out
+
+
+def _fill(src, hf: nn.Module, stored: dict[str, str], streamed: bool, dtype: torch.dtype) -> nn.Module:
     shapes = {name: tuple(p.shape) for name, p in hf.named_parameters(remove_duplicate=False)}
 
     def weight(name: str) -> torch.Tensor:
-        tensor = src.tensors[stored[name]].load().float()  # no copy when the file holds float32
+        tensor = src.tensors[stored[name]].load().to(dtype)  # no copy when the file holds this dtype
         if tuple(tensor.shape) != shapes[name]:
             raise where(src.path, f"tensor '{stored[name]}' has shape {tuple(tensor.shape)}; transformers' "
                                   f"'{name}' is {shapes[name]}")
@@ -105,17 +153,11 @@ def _fill(src, hf: nn.Module, stored: dict[str, str], streamed: bool) -> nn.Modu
     return stream_blocks(hf, streamed_blocks, weight).eval()  # with no blocks named, every weight is read now
 
 
-def _empty_transformers_model(src) -> nn.Module:
-    try:
-        import transformers
-        from accelerate import init_empty_weights
-        from transformers import AutoConfig, AutoModelForCausalLM
-    except ImportError:
-        raise GptconvError("verify needs transformers and accelerate for the reference "
-                           "(pip install 'gptconv[reference]'), or a recorded file: --reference ref.safetensors") from None
-    transformers.logging.set_verbosity_error()
+def _empty_transformers_model(src, dtype: torch.dtype) -> nn.Module:
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
     with init_empty_weights():  # parameters on meta; buffers (RoPE frequencies, masks) computed for real
-        hf = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(src.path), dtype=torch.float32,
+        hf = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(src.path), dtype=dtype,
                                               attn_implementation="eager")
     hf.tie_weights()  # a tied head shares the embedding's parameter (transformers ties at load time)
     return hf
@@ -157,37 +199,47 @@ def reference_steps(hf_model: nn.Module, arch: str, n_layers: int, ids: torch.Te
     return steps
 
 
-def save_reference(path: Path, records: dict[str, dict[str, torch.Tensor]], inputs: dict[str, torch.Tensor],
-                   meta: dict[str, str]) -> None:
+Runs = dict[str, dict[str, dict[str, torch.Tensor]]]  # dtype name → input name → step → tensor
+
+
+def save_reference(path: Path, runs: Runs, inputs: dict[str, torch.Tensor], meta: dict[str, str]) -> None:
+    """Keys: ``input/ids``, ``input/step`` (the float32 run) and ``input/dtype/step`` (another run)."""
     tensors = {f"{name}/ids": ids.contiguous() for name, ids in inputs.items()}
-    for name, steps in records.items():
-        tensors.update({f"{name}/{step}": t.contiguous() for step, t in steps.items()})
+    for run, records in runs.items():
+        prefix = "" if run == "float32" else f"{run}/"
+        for name, steps in records.items():
+            tensors.update({f"{name}/{prefix}{step}": t.contiguous() for step, t in steps.items()})
     meta = {**meta, "gptconv_reference": "1", "inputs": json.dumps(list(inputs))}
     tmp = path.with_name(path.name + ".partial")
     save_file(tensors, str(tmp), metadata=meta)
     tmp.replace(path)
 
 
-def read_reference(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]], dict[str, str]]:
-    """(inputs, steps per input, metadata) from a file ``save_reference`` wrote."""
+def read_reference(path: Path) -> tuple[dict[str, torch.Tensor], Runs, dict[str, str]]:
+    """(inputs, steps per run and input, metadata) from a file ``save_reference`` wrote."""
     try:
         f = safe_open(str(path), framework="pt")
         meta = f.metadata() or {}
         if meta.get("gptconv_reference") != "1":
             raise where(path, "not a gptconv reference file (write one with `gptconv reference`)")
         names = json.loads(meta["inputs"])
-        inputs, records = {}, {}
+        inputs, runs = {}, {}
         for key in f.keys():
-            name, _, step = key.partition("/")
-            if name not in names:
+            parts = key.split("/")
+            if parts[0] not in names or len(parts) not in (2, 3):
                 raise where(path, f"tensor '{key}' belongs to no listed input")
-            if step == "ids":
-                inputs[name] = f.get_tensor(key)
+            if parts[1:] == ["ids"]:
+                inputs[parts[0]] = f.get_tensor(key)
             else:
-                records.setdefault(name, {})[step] = f.get_tensor(key)
-    except (SafetensorError, OSError, KeyError, json.JSONDecodeError) as e:
+                run = parts[1] if len(parts) == 3 else "float32"
+                runs.setdefault(run, {}).setdefault(parts[0], {})[parts[-1]] = f.get_tensor(key)
+    except (SafetensorError, OSError, KeyError, TypeError, json.JSONDecodeError) as e:
         raise where(path, f"not a readable reference file ({e})") from None
-    missing = [n for n in names if n not in inputs or "logits" not in records.get(n, {})]
-    if missing:
-        raise where(path, f"input '{missing[0]}' has no ids or no logits")
-    return inputs, records, meta
+    for run, records in runs.items():
+        missing = [n for n in names if "logits" not in records.get(n, {})]
+        if missing:
+            raise where(path, f"input '{missing[0]}' has no logits in the {run} run")
+    missing = [n for n in names if n not in inputs]
+    if missing or "float32" not in runs:
+        raise where(path, f"input '{missing[0]}' has no ids" if missing else "has no float32 run")
+    return inputs, runs, meta

@@ -113,6 +113,12 @@ LLAMA_SHAPES = {
                            rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                          "high_freq_factor": 4.0, "original_max_position_embeddings": 32},
                            rope_theta=10000.0),
+    # Llama 3.2 style: four layers, tied head, factor 32 over a small original context
+    "llama32-deep": dict(vocab_size=384, max_position_embeddings=160, hidden_size=64, num_hidden_layers=4,
+                         num_attention_heads=4, num_key_value_heads=2, intermediate_size=128, tie_word_embeddings=True,
+                         rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                                       "high_freq_factor": 4.0, "original_max_position_embeddings": 20},
+                         rope_theta=500000.0),
     "linear-scaled": dict(vocab_size=400, max_position_embeddings=128, hidden_size=64, num_hidden_layers=2,
                           num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
                           rope_scaling={"type": "linear", "factor": 4.0}),

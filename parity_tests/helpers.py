@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -19,3 +21,19 @@ def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
 
 def random_ids(vocab: int, length: int, batch: int = 2, seed: int = 0) -> torch.Tensor:
     return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def edited_copy(src: Path, dst: Path, edit: Callable[[dict], None]) -> Path:
+    """A copy of a single-file safetensors checkpoint folder whose tensors ``edit`` changed in place."""
+    from safetensors.torch import load_file, save_file
+    shutil.copytree(src, dst)
+    state = load_file(dst / "model.safetensors")
+    edit(state)
+    save_file(state, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    return dst
+
+
+def swap(a: str, b: str) -> Callable[[dict], None]:
+    def edit(state: dict) -> None:
+        state[a], state[b] = state[b], state[a]
+    return edit

@@ -11,7 +11,7 @@ import gptconv
 from gptconv.api import verify_source
 from gptconv.errors import GptconvError
 from gptconv.loader import load_source, open_source
-from gptconv.reference import load_transformers_model, reference_steps, streamed_transformers_model
+from gptconv.reference import load_transformers_model, reference_steps, transformers_model
 from helpers import random_ids, run_cli
 
 
@@ -34,7 +34,7 @@ def test_streamed_verify_reports_what_the_whole_models_report(request, fixture, 
 
 def test_only_one_block_is_in_memory_at_a_time(llamas):
     src = open_source(llamas["llama2-mha"], backend="stream")
-    ours, ref = load_source(src, streamed=True), streamed_transformers_model(src)
+    ours, ref = load_source(src, streamed=True), transformers_model(src, streamed=True)
     seen = []
     for model, blocks in ((ours, ours.blocks), (ref, ref.model.layers)):
         def check(module, _args, blocks=blocks):
@@ -62,7 +62,7 @@ def test_streaming_a_gguf_reference_is_refused(smollm2):
 def test_names_transformers_does_not_use_are_refused(ckpts):
     src = open_source(ckpts["tiny-legacy"], backend="stream")  # GPT-2's original keys, without 'transformer.'
     with pytest.raises(GptconvError, match="not under transformers' own names"):
-        streamed_transformers_model(src)
+        transformers_model(src, streamed=True)
 
 
 @pytest.mark.parametrize("fixture,name,ours_name,theirs_name", [
@@ -74,10 +74,9 @@ def test_names_transformers_does_not_use_are_refused(ckpts):
 def test_the_whole_reference_shares_our_weights(request, fixture, name, ours_name, theirs_name):
     """verify without streaming: from an fp32 HF folder, transformers' model and ours hold the same
     memory-mapped tensors (the weights in memory once), and it computes what from_pretrained's does."""
-    from gptconv.reference import shared_transformers_model
     folder = request.getfixturevalue(fixture)[name]
     src = open_source(folder)
-    ours, ref = load_source(src), shared_transformers_model(src)
+    ours, ref = load_source(src), transformers_model(src)
     mine, theirs = ours.get_parameter(ours_name), ref.get_parameter(theirs_name)
     assert mine.untyped_storage().data_ptr() == theirs.untyped_storage().data_ptr()
     for p in ref.parameters():
@@ -89,8 +88,7 @@ def test_the_whole_reference_shares_our_weights(request, fixture, name, ours_nam
 
 
 def test_the_whole_reference_falls_back_to_from_pretrained(ckpts):
-    from gptconv.reference import shared_transformers_model
     src = open_source(ckpts["tiny-legacy"])  # GPT-2's original keys: transformers' loader renames them
-    ref = shared_transformers_model(src)
+    ref = transformers_model(src)
     assert not any(p.is_meta for p in ref.parameters())
     assert verify_source(str(ckpts["tiny-legacy"])).passed

@@ -58,19 +58,36 @@ def verify_report(r) -> None:
     tol = r.tolerance
     click.echo(f"verify {r.source} ({r.dtype}) against {r.reference}")
     click.echo("inputs: " + ", ".join(f"{n} ({t} tokens)" for n, t in r.inputs.items()))
-    click.echo(f"tolerance: max|Δ| ≤ {tol['atol']:g} + {tol['rtol']:g}·max|ref| per step; "
-               f"top-1 agreement ≥ {tol['min_top1']:.0%}")
-    click.echo(f"{'step':<22} {'max|Δ|':>12} {'allowed':>12}")
-    for s in r.steps:
-        click.echo(f"{s.name:<22} {s.max_abs_diff:>12.3e} {s.allowed:>12.3e}  {'ok' if s.passed else 'FAIL'}")
+    factor = tol.get("low_precision_factor")
+    if factor is None:
+        click.echo(f"tolerance: max|Δ| ≤ {tol['atol']:g} + {tol['rtol']:g}·max|ref| per step; "
+                   f"top-1 agreement ≥ {tol['min_top1']:.0%}")
+        click.echo(f"{'step':<22} {'max|Δ|':>12} {'allowed':>12}")
+        for s in r.steps:
+            click.echo(f"{s.name:<22} {s.max_abs_diff:>12.3e} {s.allowed:>12.3e}  {'ok' if s.passed else 'FAIL'}")
+    else:
+        click.echo(f"tolerance: against the fp32 reference, ours in {r.dtype} within {factor:g}× the reference's own "
+                   f"{r.dtype} error: RMS per step (+ {tol['atol']:g} + {tol['rtol']:g}·RMS(ref)), top-1 "
+                   f"disagreements (+ {tol['top1_grace']}), mean KL (+ {tol['kl_floor']:g})")
+        own = "ref " + r.dtype + " RMS"
+        click.echo(f"{'step':<22} {'max|Δ|':>12} {'RMS Δ':>12} {own:>14} {'allowed':>12}")
+        for s in r.steps:
+            click.echo(f"{s.name:<22} {s.max_abs_diff:>12.3e} {s.rms_diff:>12.3e} {s.reference_own_rms:>14.3e} "
+                       f"{s.allowed:>12.3e}  {'ok' if s.passed else 'FAIL'}")
     click.echo(f"logits max|Δ| = {r.max_abs_diff:.3e}, top-1 agreement = {r.top1_agreement:.2%}, "
                f"KL mean = {r.kl_mean:.3e}, max = {r.kl_max:.3e}")
+    if r.reference_own is not None:
+        o = r.reference_own
+        click.echo(f"the reference's own {r.dtype} run: top-1 agreement = {o['top1_agreement']:.2%}, "
+                   f"KL mean = {o['kl_mean']:.3e}, max = {o['kl_max']:.3e}")
+    for note in r.notes:
+        click.echo(f"note: {note}")
     if r.passed:
         click.echo("PASSED")
     elif r.first_divergent_step:
         click.echo(f"FAILED: first divergent step: {r.first_divergent_step}")
     else:
-        click.echo("FAILED: top-1 agreement below the tolerance")
+        click.echo("FAILED: " + (r.notes[-1] if r.notes else "top-1 agreement below the tolerance"))
 
 
 def inspection(result) -> None:

@@ -36,4 +36,11 @@ HF_FAMILIES: dict[str, HFFamily] = {
     "qwen2": _LLAMA,
 }
 
-__all__ = ["GPT2_HF", "HFFamily", "HF_FAMILIES", "KeyMap", "Plan", "TensorInfo", "model_shapes"]
+
+
+def hf_family(config: Any) -> HFFamily:
+    """The HF family that writes and reads ``config`` (our architecture name → an HF model_type)."""
+    return HF_FAMILIES[{"gpt2": "gpt2", "llama": "llama"}[config.arch]]
+
+
+__all__ = ["GPT2_HF", "HFFamily", "HF_FAMILIES", "KeyMap", "hf_family", "Plan", "TensorInfo", "model_shapes"]

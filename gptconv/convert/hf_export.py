@@ -13,18 +13,17 @@ from pathlib import Path
 import torch
 
 from ..errors import where
-from . import HF_FAMILIES
+from . import hf_family
 from .export import ExportedFile, Narrowing, Stored, Weights, WriteBehind, sha256_file
 from .safetensors_writer import SafetensorsWriter
 
-HF_FAMILY_OF_ARCH = {"gpt2": "gpt2", "llama": "llama"}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt")
 
 
 def write_hf_folder(weights: Weights, src, tokenizer, folder: Path, dtype: torch.dtype, shard_bytes: int,
                     narrow: Narrowing) -> list[ExportedFile]:
     cfg = weights.config
-    family = HF_FAMILIES[HF_FAMILY_OF_ARCH[cfg.arch]]
+    family = hf_family(cfg)
     try:
         config_json = family.config_to_hf(cfg)
     except ValueError as e:

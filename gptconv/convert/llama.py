@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..models.llama import LlamaConfig
-from ..models.rope import RopeScaling
+from ..models.rope import RopeScaling, llama3_from_factors
 from .hf_config import ConfigFields, build_config
 from .keymap import Drop, KeyMap, Map, Tied
 
@@ -81,8 +81,8 @@ def llama_config_to_hf(c: LlamaConfig) -> dict[str, Any]:
     rope: dict[str, Any] = {"rope_type": "default", "rope_theta": c.rope_theta}
     if c.rope_scaling is not None:
         s = c.rope_scaling
-        if s.kind == "factors":
-            raise ValueError("per-frequency RoPE factors have no HF config form")
+        if s.kind == "factors":  # a GGUF's rope_freqs: HF configs say it as the llama3 scaling that gives them
+            s = llama3_from_factors(s.factors, c.head_dim, c.rope_theta)
         rope.update({"rope_type": s.kind, "factor": s.factor})
         if s.kind == "llama3":
             rope.update({"low_freq_factor": s.low_freq_factor, "high_freq_factor": s.high_freq_factor,

@@ -75,3 +75,48 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate x (B, h, T, hd) by the angles of its positions."""
     return x * cos + rotate_half(x) * sin
+
+
+def llama3_from_factors(factors: tuple[float, ...], head_dim: int, theta: float) -> RopeScaling:
+    """The llama3 scaling whose per-frequency factors are ``factors`` (what a GGUF's ``rope_freqs``
+    stores), so that a config format without per-frequency factors (HF's) can carry it.
+
+    The factors fix only the band edges as fractions of the original context, so low_freq_factor is
+    taken as 1 (as in every Llama 3.1 / 3.2 release): from two or more factors inside the band the
+    rest follows (the blend is linear in 1 / wavelength); with fewer, high_freq_factor is taken as 4.
+    Raises ValueError when no llama3 scaling reproduces the factors to float32 precision.
+    """
+    f = torch.tensor(factors, dtype=torch.float64)
+    base = rope_frequencies(head_dim, theta)
+    if f.shape != base.shape:
+        raise ValueError(f"{f.numel()} RoPE factors for {base.numel()} frequencies")
+    wavelen = 2 * math.pi / base.double()
+    factor = float(f.max())
+    if not factor > 1.0:
+        raise ValueError("no frequency is scaled down")
+    ones, scaled = f <= 1 + 1e-6, f >= factor * (1 - 1e-6)
+    band = ~ones & ~scaled
+    # inside the band, 1/f = (1 - s)/factor + s with s = (old/wavelen - low) / (high - low)
+    s = (1 / f[band] - 1 / factor) / (1 - 1 / factor)
+    if band.sum() >= 2:
+        a, b = torch.linalg.lstsq(torch.stack([1 / wavelen[band], -torch.ones_like(s)], 1), s[:, None]).solution[:, 0]
+        high, old = 1 + 1 / float(b), float(a / b)
+    elif band.sum() == 1:
+        high, old = 4.0, float((3 * s[0] + 1) * wavelen[band][0])
+    else:  # no frequency in the band: any original context between the two edges gives the factors
+        high = 4.0
+        low_edge = float(wavelen[ones].max()) * high if ones.any() else 0.0
+        high_edge = float(wavelen[scaled].min())
+        old = float(2 ** math.ceil(math.log2(max(low_edge, 1.0))))
+        if not low_edge < old < high_edge:
+            old = (low_edge + high_edge) / 2
+    for high_try in (round(high, 4), high):
+        try:
+            candidate = RopeScaling("llama3", factor=factor, low_freq_factor=1.0, high_freq_factor=high_try,
+                                    original_context_length=max(1, round(old)))
+        except ValueError:
+            continue
+        again = base.double() / rope_frequencies(head_dim, theta, candidate).double()
+        if torch.allclose(again, f, rtol=1e-5, atol=0):
+            return candidate
+    raise ValueError("the per-frequency RoPE factors are not those of any llama3 scaling")

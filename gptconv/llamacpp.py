@@ -1,0 +1,209 @@
+"""llama.cpp as a reference: a GGUF file run by llama.cpp itself, through llama-cpp-python's C API.
+
+Settings are the ones under which llama.cpp's numbers are comparable with ours: an F32 KV cache,
+weights in plain CPU buffers (on a CPU with AMX, llama.cpp's repacked buffers crash on Q8_0 and
+K-quant weights: ggml-org/llama.cpp#20824), every position's logits, special tokens parsed in text.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from .errors import GptconvError, where
+from .verify import LLAMA_CPP, Report, compare, kl_per_position
+
+EXTRA = "pip install 'gptconv[llama-cpp]'"
+
+
+def library() -> Any:
+    """llama-cpp-python's C API, initialised once, its log kept for our error messages."""
+    try:
+        import llama_cpp
+    except ImportError:
+        raise GptconvError(f"llama.cpp as a reference needs llama-cpp-python ({EXTRA})") from None
+    global _log_callback
+    if _log_callback is None:
+        @llama_cpp.llama_log_callback
+        def keep(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
+            if level in (2, 3):  # warnings and errors: the last one explains a failed load
+                _log.append(text.decode("utf-8", "replace").strip())
+                del _log[:-20]
+        _log_callback = keep
+        llama_cpp.llama_log_set(keep, ctypes.c_void_p(0))
+        llama_cpp.llama_backend_init()
+    return llama_cpp
+
+
+_log: list[str] = []
+_log_callback = None
+
+
+def _last_error() -> str:
+    return next((line for line in reversed(_log) if line), "no message")
+
+
+class LlamaCpp:
+    """One GGUF file loaded in llama.cpp; ``vocab_only`` loads only its tokenizer."""
+
+    def __init__(self, path: Path, n_ctx: int = 512, vocab_only: bool = False) -> None:
+        self.lib = lib = library()
+        self.path = Path(path)
+        params = lib.llama_model_default_params()
+        params.use_extra_bufts = False
+        params.vocab_only = vocab_only
+        self.model = lib.llama_model_load_from_file(str(self.path).encode(), params)
+        if not self.model:
+            raise where(self.path, f"llama.cpp cannot load this file ({_last_error()})")
+        self.vocab = lib.llama_model_get_vocab(self.model)
+        self.n_vocab = lib.llama_vocab_n_tokens(self.vocab)
+        self.ctx = None
+        if not vocab_only:
+            c = lib.llama_context_default_params()
+            c.n_ctx = c.n_batch = c.n_ubatch = n_ctx
+            c.n_seq_max = 1
+            c.n_threads = c.n_threads_batch = torch.get_num_threads()
+            c.type_k = c.type_v = 0  # GGML_TYPE_F32
+            c.flash_attn_type = lib.LLAMA_FLASH_ATTN_TYPE_DISABLED
+            c.no_perf = True
+            self.ctx = lib.llama_init_from_model(self.model, c)
+            if not self.ctx:
+                self.close()
+                raise where(self.path, f"llama.cpp cannot make a context for this file ({_last_error()})")
+            self.n_ctx = n_ctx
+
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        """Token ids as llama.cpp makes them, special tokens written in ``text`` parsed."""
+        data = text.encode("utf-8")
+        room = len(data) + 8
+        out = (self.lib.llama_token * room)()
+        n = self.lib.llama_tokenize(self.vocab, data, len(data), out, room, add_special, True)
+        if n < 0:
+            raise where(self.path, f"llama.cpp failed to tokenize {text[:40]!r}")
+        return list(out[:n])
+
+    def logits(self, ids: list[int]) -> np.ndarray:
+        """float32 logits (T, V) at every position of one sequence, from an empty cache."""
+        lib = self.lib
+        if not 0 < len(ids) <= self.n_ctx:
+            raise ValueError(f"{len(ids)} ids for a context of {self.n_ctx}")
+        lib.llama_memory_clear(lib.llama_get_memory(self.ctx), True)
+        batch = lib.llama_batch_init(len(ids), 0, 1)
+        try:
+            for i, token in enumerate(ids):
+                batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, i, 1
+                batch.seq_id[i][0] = 0
+                batch.logits[i] = True
+            batch.n_tokens = len(ids)
+            if lib.llama_decode(self.ctx, batch) != 0:
+                raise where(self.path, f"llama.cpp failed to evaluate {len(ids)} tokens ({_last_error()})")
+            pointer = lib.llama_get_logits(self.ctx)
+            return np.ctypeslib.as_array(pointer, shape=(len(ids), self.n_vocab)).copy()
+        finally:
+            lib.llama_batch_free(batch)
+
+    def close(self) -> None:
+        if self.ctx:
+            self.lib.llama_free(self.ctx)
+            self.ctx = None
+        if self.model:
+            self.lib.llama_model_free(self.model)
+            self.model = None
+
+    def __enter__(self) -> LlamaCpp:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def dequantize_file(path: Path, out: Path) -> None:
+    """llama.cpp's own quantizer (the code behind ``llama-quantize``) writing ``path`` with every
+    weight in F32: the file's weights as llama.cpp itself dequantizes them."""
+    lib = library()
+    params = lib.llama_model_quantize_default_params()
+    params.ftype = lib.LLAMA_FTYPE_ALL_F32
+    params.allow_requantize = True
+    params.nthread = torch.get_num_threads()
+    if lib.llama_model_quantize(str(path).encode(), str(out).encode(), ctypes.byref(params)) != 0:
+        raise where(path, f"llama.cpp's quantizer cannot rewrite this file in F32 ({_last_error()})")
+
+
+def verify_gguf(src: Any, model: nn.Module, inputs: dict[str, torch.Tensor]) -> Report:
+    """Our model against llama.cpp on the same ids: logits, top-1 and KL, and the tokenizer.
+
+    A file whose weights are not all F32 is first rewritten in F32 by llama.cpp's own quantizer, so
+    that both sides compute on the same weights (each dequantized by its own code); llama.cpp's
+    quantized kernels also round the activations (to 8 bits for Q4/Q8 weights, to F16 for F16), and
+    the file as stored is reported beside, not judged.
+    """
+    import importlib.metadata
+    library()
+    version = importlib.metadata.version("llama-cpp-python")
+    if src.format != "gguf":
+        raise where(src.path, "verify --against llama.cpp needs a GGUF file (export one with "
+                              "`gptconv export --format gguf`)")
+    if next(model.parameters()).dtype != torch.float32:
+        raise GptconvError("verify --against llama.cpp runs in float32 (llama.cpp has no float16 / bfloat16 model "
+                           "to compare with ours); verify --dtype float16 / bfloat16 against transformers")
+    n_ctx = max(ids.shape[1] for ids in inputs.values())
+    types = sorted(set(src.stored_types.values()))
+    stored_f32 = types == ["F32"]
+    with tempfile.TemporaryDirectory(prefix="gptconv-llama-cpp-") as tmp:
+        path = src.path
+        if not stored_f32:
+            path = Path(tmp) / "f32.gguf"
+            need = 4 * sum(int(np.prod(t.shape)) for t in src.tensors.values())
+            free = shutil.disk_usage(tmp).free
+            if need > 0.95 * free:
+                raise GptconvError(f"{tmp}: llama.cpp's F32 copy of {src.path.name} needs {need / 1e9:.1f} GB, "
+                                   f"{free / 1e9:.1f} GB are free (set TMPDIR to a larger disk)")
+            dequantize_file(src.path, path)
+        with LlamaCpp(path, n_ctx) as llm:
+            report = compare(model, inputs, lambda name, ids: {"logits": torch.from_numpy(llm.logits(ids[0].tolist()))[None]},
+                             str(src.name), f"llama.cpp (llama-cpp-python {version}, "
+                             + ("F32 file" if stored_f32 else f"weights ({', '.join(types)}) dequantized to F32 by "
+                                "llama.cpp's quantizer") + ", F32 KV cache)", tolerance=LLAMA_CPP[src.arch])
+    _check_tokenizer(src, report)
+    if not stored_f32:
+        report.notes.append(_as_stored(src, model, inputs, n_ctx, types))
+    return report
+
+
+def _check_tokenizer(src: Any, report: Report) -> None:
+    """The prompts tokenized by llama.cpp and by us: a difference fails the report."""
+    from .reference import PROMPTS
+    from .tokenizer import load_tokenizer
+    tok = load_tokenizer(src)
+    with LlamaCpp(src.path, vocab_only=True) as vocab:
+        for text in PROMPTS:
+            ours, theirs = tok.encode(text), vocab.tokenize(text)
+            if ours != theirs:
+                first = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
+                report.notes.append(f"llama.cpp tokenizes {text[:30]!r} differently from us, first at token {first} "
+                                    f"(ours {ours[first:first + 3]}, llama.cpp {theirs[first:first + 3]})")
+                report.passed = False
+                return
+    report.notes.append(f"llama.cpp tokenizes the {len(PROMPTS)} prompts as we do")
+
+
+def _as_stored(src: Any, model: nn.Module, inputs: dict[str, torch.Tensor], n_ctx: int, types: list[str]) -> str:
+    agree = total = 0
+    kls = []
+    with LlamaCpp(src.path, n_ctx) as llm, torch.no_grad():
+        for ids in inputs.values():
+            theirs = torch.from_numpy(llm.logits(ids[0].tolist()))
+            ours = model(ids)[0].float()
+            agree += int((theirs.argmax(-1) == ours.argmax(-1)).sum())
+            total += ids.shape[1]
+            kls.append(kl_per_position(ours, theirs))
+    kl = torch.cat(kls)
+    return (f"llama.cpp on the file as stored ({', '.join(types)} kernels, which also round activations), not judged: "
+            f"top-1 agreement {agree / total:.2%}, KL mean {kl.mean().item():.3e}, max {kl.max().item():.3e}")
