@@ -6,6 +6,10 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
 LLAMA_CPP := $(VENV)/.llama-cpp-python-0.3.36
+# llama.cpp's own tools, from llama-cpp-python's source distribution: its converter (convert_hf_to_gguf.py
+# with its gguf-py) and its tokenizer test vocabularies, the yardsticks of the suite (never our code)
+SDIST     := llama_cpp_python-0.3.36
+LLAMA_SRC := $(VENV)/llama.cpp-0.3.36
 
 .PHONY: demo test bench venv clean
 
@@ -23,12 +27,19 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/python -m gptconv.demo $(MODEL)
 
-# llama.cpp's Python binding, the reference GGUF consumer; no wheel here, so it builds (~6 min on 2 cores)
-$(LLAMA_CPP): $(STAMP)
-	$(BIN)/python -c "import llama_cpp" 2>/dev/null || CMAKE_BUILD_PARALLEL_LEVEL=2 $(BIN)/pip install -q llama-cpp-python==0.3.36
+$(LLAMA_SRC): $(STAMP)
+	rm -rf $@.partial && mkdir -p $@.partial
+	$(BIN)/pip download -q --no-deps --no-binary :all: llama-cpp-python==0.3.36 -d $@.partial
+	tar -xzf $@.partial/$(SDIST).tar.gz -C $@.partial --strip-components=3 $(SDIST)/vendor/llama.cpp/convert_hf_to_gguf.py \
+		$(SDIST)/vendor/llama.cpp/conversion $(SDIST)/vendor/llama.cpp/gguf-py $(SDIST)/vendor/llama.cpp/models
+	mv $@.partial $@
+
+# llama.cpp's Python binding, the reference GGUF consumer; no wheel here, so it builds from that sdist (~6 min on 2 cores)
+$(LLAMA_CPP): $(STAMP) $(LLAMA_SRC)
+	$(BIN)/python -c "import llama_cpp" 2>/dev/null || CMAKE_BUILD_PARALLEL_LEVEL=2 $(BIN)/pip install -q $(LLAMA_SRC)/$(SDIST).tar.gz
 	touch $@
 
-test: $(STAMP) $(LLAMA_CPP)
+test: $(STAMP) $(LLAMA_CPP) $(LLAMA_SRC)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 # gptconv beside transformers and llama.cpp, measured in one run (BENCH_ARGS=--scale adds the 8B case)

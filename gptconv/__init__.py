@@ -15,7 +15,13 @@ from .models import GPT2, KVCache, GPT2Config
 
 
 def load_tokenizer(source: str):
-    """The checkpoint's own tokenizer (``tokenizers`` library), ids equal to transformers'."""
+    """The checkpoint's own tokenizer (``tokenizers`` library): ids equal to transformers' for an HF
+    folder, to llama.cpp's for a GGUF file (a vocabulary-only GGUF file of any architecture too)."""
+    from pathlib import Path
+    if str(source).endswith(".gguf") and Path(source).is_file():
+        from .convert.gguf import read_fields
+        from .tokenizer import gguf_tokenizer
+        return gguf_tokenizer(read_fields(Path(source)))
     from .tokenizer import load_tokenizer as _load
     return _load(open_source(source))
 

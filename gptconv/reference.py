@@ -120,7 +120,10 @@ def gguf_transformers_model(src, dtype: torch.dtype = torch.float32) -> nn.Modul
 def gguf_config_disagreements(src) -> list[str]:
     """The fields where transformers' own reading of a GGUF file's metadata differs from ours. The
     reference runs on our reading (see :func:`gguf_transformers_model`), so a field we misread would
-    go unseen; transformers reads most of them independently (not RoPE scaling, which it ignores)."""
+    go unseen; transformers reads some of them independently (its GGUF_CONFIG_MAPPING: sizes, eps,
+    RoPE theta; not RoPE scaling, not GPT-2's context), and those must agree."""
+    from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
+
     from .convert import hf_family
     transformers = _transformers()
     ours = hf_family(src.config).config_to_hf(src.config)
@@ -128,13 +131,12 @@ def gguf_config_disagreements(src) -> list[str]:
     with contextlib.redirect_stderr(io.StringIO()):
         theirs = transformers.AutoConfig.from_pretrained(src.path.parent, gguf_file=src.path.name).to_dict()
     theirs["rope_theta"] = (theirs.get("rope_parameters") or {}).get("rope_theta", theirs.get("rope_theta"))
+    read = set(GGUF_CONFIG_MAPPING.get(ours["model_type"], {}).values())
     out = []
-    for key, value in ours.items():
-        other = theirs.get(key)
-        if key in ("architectures", "model_type") or value is None or other is None:
-            continue
+    for key in sorted(read & set(ours) & set(theirs)):
+        value, other = ours[key], theirs[key]
         same = math.isclose(value, other, rel_tol=1e-6) if isinstance(value, float) else value == other
-        if not same:
+        if value is not None and other is not None and not same:
             out.append(f"transformers reads {key} = {other!r} from the file, we read {value!r}")
     return out
 

@@ -8,13 +8,15 @@ from pathlib import Path
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, processors
 
+from .convert.checkpoint import read_json_object, token_content
 from .errors import GptconvError, where
 
 
 class Tokenizer:
     def __init__(self, tk: HFTokenizer, eos_id: int | None = None, bos_id: int | None = None,
-                 chat_template: str | None = None) -> None:
+                 chat_template: str | None = None, pad_id: int | None = None, unk_id: int | None = None) -> None:
         self.tk, self.eos_id, self.bos_id, self.chat_template = tk, eos_id, bos_id, chat_template
+        self.pad_id, self.unk_id = pad_id, unk_id
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Special tokens written in ``text`` (``<|endoftext|>``) become their ids, as in transformers."""
@@ -47,21 +49,79 @@ class Tokenizer:
 
     @classmethod
     def from_folder(cls, folder: Path, eos_id: int | None = None, bos_id: int | None = None) -> Tokenizer:
-        """``tokenizer.json`` if present, else GPT-2's ``vocab.json`` + ``merges.txt``."""
+        """``tokenizer.json`` if present, else a SentencePiece ``tokenizer.model``, else GPT-2's
+        ``vocab.json`` + ``merges.txt``; the chat template from tokenizer_config.json, else from
+        ``chat_template.jinja`` (what transformers 5 saves) or ``chat_template.json``."""
         folder = Path(folder)
-        config = _json_or_empty(folder / "tokenizer_config.json")
+        config = read_json_object(folder / "tokenizer_config.json")
+        special_map = read_json_object(folder / "special_tokens_map.json")
         if (folder / "tokenizer.json").exists():
             try:
                 tk = HFTokenizer.from_file(str(folder / "tokenizer.json"))
             except Exception as e:  # the library raises plain Exception for a corrupt file
                 raise where(folder / "tokenizer.json", f"not a readable tokenizer ({e})") from None
+            if config.get("tokenizer_class") in ("LlamaTokenizer", "LlamaTokenizerFast"):
+                _as_transformers_llama(tk, config)
+        elif (folder / "tokenizer.model").exists():
+            tk = _sentencepiece(folder / "tokenizer.model", config, special_map)
         elif (folder / "vocab.json").exists() and (folder / "merges.txt").exists():
             tk = _byte_level_bpe(folder)
         else:
-            raise where(folder, "no tokenizer: expected tokenizer.json, or vocab.json and merges.txt")
-        _add_special_tokens(tk, config, _json_or_empty(folder / "special_tokens_map.json"))
-        template = config.get("chat_template")
-        return cls(tk, eos_id, bos_id, template if isinstance(template, str) else None)
+            raise where(folder, "no tokenizer: expected tokenizer.json, tokenizer.model, or vocab.json and merges.txt")
+        _add_special_tokens(tk, config, special_map)
+        ids = {kind: _token_id(tk, config, special_map, kind) for kind in ("pad", "unk")}
+        return cls(tk, eos_id, bos_id, chat_template(folder, config), ids["pad"], ids["unk"])
+
+
+def _as_transformers_llama(tk: HFTokenizer, config: dict) -> None:
+    """transformers 5's Llama tokenizer replaces the whitespace handling of the tokenizer.json it loads:
+    Metaspace, with the prefix on the first piece of text only (after a special token too) unless
+    tokenizer_config.json says ``legacy: true``, and none with ``add_prefix_space: false``."""
+    spec = json.loads(tk.to_str())
+    if (spec.get("model") or {}).get("type") != "BPE" or not spec["model"].get("byte_fallback"):
+        return
+    prefix = config.get("add_prefix_space", True) is not False
+    scheme = ("always" if config.get("legacy", False) is True else "first") if prefix else "never"
+    tk.normalizer = None
+    tk.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme=scheme, split=False)
+    tk.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+                                   + ([decoders.Strip(" ", 1, 0)] if prefix else []))
+
+
+def chat_template(folder: Path, config: dict) -> str | None:
+    """The folder's chat template: tokenizer_config.json's, else chat_template.jinja / .json (transformers 5)."""
+    template = config.get("chat_template")
+    if isinstance(template, list):  # several named templates: the default one
+        template = next((t.get("template") for t in template if isinstance(t, dict) and t.get("name") == "default"), None)
+    if isinstance(template, str):
+        return template
+    if (folder / "chat_template.jinja").is_file():
+        try:
+            return (folder / "chat_template.jinja").read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise where(folder / "chat_template.jinja", f"not UTF-8 text ({e})") from None
+    template = read_json_object(folder / "chat_template.json").get("chat_template")
+    return template if isinstance(template, str) else None
+
+
+def _sentencepiece(path: Path, config: dict, special_map: dict) -> HFTokenizer:
+    """A bare tokenizer.model (see ``convert/spm.py``); BOS added unless tokenizer_config.json says not,
+    as transformers' Llama tokenizer does."""
+    from .convert import spm
+    pieces = spm.read_model(path)
+    if isinstance(config.get("add_prefix_space"), bool):
+        pieces.add_dummy_prefix = config["add_prefix_space"]
+
+    def special(kind: str, default: str) -> str | None:
+        name = token_content(special_map.get(f"{kind}_token", config.get(f"{kind}_token"))) or default
+        return name if name in pieces.pieces else None
+    return spm.build(pieces, special("bos", "<s>"), special("eos", "</s>"), config.get("add_bos_token", True) is True,
+                     config.get("add_eos_token", False) is True)
+
+
+def _token_id(tk: HFTokenizer, config: dict, special_map: dict, kind: str) -> int | None:
+    name = token_content(special_map.get(f"{kind}_token", config.get(f"{kind}_token")))
+    return tk.token_to_id(name) if name is not None else None
 
 
 def _byte_level_bpe(folder: Path) -> HFTokenizer:
@@ -94,23 +154,18 @@ def _add_special_tokens(tk: HFTokenizer, config: dict, special_map: dict) -> Non
     tk.add_special_tokens([n for n in dict.fromkeys(names) if n in known])
 
 
-def _json_or_empty(path: Path) -> dict:
-    if not path.exists():
-        return {}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise where(path, f"not valid JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise where(path, "not a JSON object")
-    return data
-
-
 def load_tokenizer(source: object) -> Tokenizer:
     """The tokenizer of an opened source (see ``gptconv.loader.open_source``)."""
-    cfg = source.config
     if source.format == "gguf":
-        from .convert.gguf_tokenizer import tokenizer_from_gguf
-        tk, template = tokenizer_from_gguf(source.gguf.fields)
-        return Tokenizer(tk, cfg.eos_token_id, cfg.bos_token_id, template)
+        return gguf_tokenizer(source.gguf.fields)
+    cfg = source.config
     return Tokenizer.from_folder(source.path, cfg.eos_token_id, cfg.bos_token_id)
+
+
+def gguf_tokenizer(fields) -> Tokenizer:
+    """The tokenizer a GGUF file carries, giving llama.cpp's ids (``convert/gguf_tokenizer.py``)."""
+    from .convert.gguf_tokenizer import GGUFVocab
+    vocab = GGUFVocab.read(fields)
+    s = vocab.special
+    return Tokenizer(vocab.tokenizer(fields.path), s.get("eos"), s.get("bos"), vocab.chat_template, s.get("pad"),
+                     s.get("unk"))

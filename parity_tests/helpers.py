@@ -37,3 +37,12 @@ def swap(a: str, b: str) -> Callable[[dict], None]:
     def edit(state: dict) -> None:
         state[a], state[b] = state[b], state[a]
     return edit
+
+
+# Text that tokenizers get wrong first: whitespace runs and a leading space, accents and a word in
+# combining-heavy Vietnamese, CJK, emoji with joiners, digits, byte fallback (a character outside the
+# vocabulary, a NUL), newlines, and special tokens of several families written in the text.
+TORTURE = ["Hello world", " Hello", "  two  spaces  ", "\tTab\t\t", "café naïve Ærø", "Cửa Việt",
+           "你好世界, こんにちは", "🙂🚀👩‍👩‍👧", "digits 1234567890 3.14", "𝔘nicode \u0000 nul", "\n\nnewlines\n",
+           "<s>Hello</s> world", "Hello <s> world", "<|endoftext|>a", "<|im_start|>user\nhi<|im_end|>",
+           "<|user|>\nhi<|end|>\n<|assistant|>", "   ", "", "a"]

@@ -130,3 +130,33 @@ def test_corrupt_resumed_download_is_caught_by_its_sha256(tmp_path):
         assert r.returncode == 2 and "do not match the Hub's sha256" in r.stderr and "pull again" in r.stderr
         assert not partial.exists()
         assert run_cli("pull", "gpt2", env=env).returncode == 0
+
+
+def test_pull_uses_the_cache_when_the_hub_cannot_be_reached(hub):
+    assert run_cli("pull", "gpt2", env=hub.env).returncode == 0
+    hub.__exit__()  # unreachable, without HF_HUB_OFFLINE: huggingface-hub would use the cache, and so do we
+    r = run_cli("pull", "gpt2", env=hub.env)
+    assert r.returncode == 0, r.stderr
+    assert "parameters" in r.stdout
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert "cannot be reached" in r.stderr and "using the snapshot in the cache" in r.stderr
+
+
+CHAT = "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
+
+
+def test_chat_template_jinja_is_fetched_used_and_kept(hub, tmp_path):
+    """transformers 5 saves the chat template as chat_template.jinja, beside tokenizer_config.json."""
+    from gguf import GGUFReader
+    (hub.repos["openai-community/gpt2"] / "chat_template.jinja").write_text(CHAT)
+    assert run_cli("pull", "gpt2", env=hub.env).returncode == 0
+    fetched = {p.rsplit("/", 1)[1] for m, p in hub.log if m == "GET" and "/resolve/" in p}
+    assert "chat_template.jinja" in fetched
+    r = run_cli("generate", "gpt2", "hi", "--chat", "-n", "2", env=hub.env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("<|user|>hi\n<|assistant|>")
+    hf, gguf = tmp_path / "hf", tmp_path / "model.gguf"
+    assert run_cli("export", "gpt2", "--format", "safetensors", "-o", hf, env=hub.env).returncode == 0
+    assert (hf / "chat_template.jinja").read_text() == CHAT
+    assert run_cli("export", "gpt2", "--format", "gguf", "-o", gguf, env=hub.env).returncode == 0
+    assert GGUFReader(gguf).fields["tokenizer.chat_template"].contents() == CHAT

@@ -52,6 +52,22 @@ def read_json(path: Path) -> Any:
         raise where(path, e.strerror or str(e)) from None
 
 
+def read_json_object(path: Path) -> dict[str, Any]:
+    """An optional JSON side file (tokenizer_config.json, …): {} when absent, an error when not an object."""
+    if not path.exists():
+        return {}
+    data = read_json(path)
+    if not isinstance(data, dict):
+        raise where(path, "not a JSON object")
+    return data
+
+
+def token_content(value: Any) -> str | None:
+    """A special token as tokenizer_config.json writes it: a string, or {"content": …}."""
+    value = value.get("content") if isinstance(value, dict) else value
+    return value if isinstance(value, str) else None
+
+
 def read_hf_config(folder: Path) -> dict[str, Any]:
     path = folder / "config.json"
     data = read_json(path)

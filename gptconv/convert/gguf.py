@@ -86,7 +86,9 @@ def check_header(path: Path) -> None:
                           f"more than a {size:,}-byte file can hold")
 
 
-def open_gguf(path: Path) -> GGUFCheckpoint:
+def read_fields(path: Path) -> GGUFFields:
+    """A GGUF file's metadata (its tensors listed, none read), whatever its architecture."""
+    path = Path(path)
     if path.exists():
         check_header(path)
     try:
@@ -95,7 +97,12 @@ def open_gguf(path: Path) -> GGUFCheckpoint:
         raise where(path, "no such file") from None
     except Exception as e:  # GGUFReader raises ValueError, struct.error, IndexError… on a corrupt file
         raise where(path, f"not a readable GGUF file ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
-    fields = GGUFFields(reader, path)
+    return GGUFFields(reader, path)
+
+
+def open_gguf(path: Path) -> GGUFCheckpoint:
+    fields = read_fields(path)
+    reader = fields.reader
     if fields.arch not in GGUF_ARCHS:
         raise where(path, f"GGUF architecture '{fields.arch}' is not supported (supported: {', '.join(GGUF_ARCHS)})")
     tensors, types = {}, {}

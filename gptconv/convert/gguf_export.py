@@ -7,21 +7,20 @@ and tensor table are written, then each tensor is converted and written in turn
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import torch
 from gguf import GGMLQuantizationType as Q
-from gguf import GGUFWriter, LlamaFileType, RopeScalingType, TokenType
+from gguf import GGML_QUANT_VERSION, GGUFWriter, LlamaFileType, RopeScalingType, size_label
 from gguf.quants import quant_shape_to_byte_shape, quantize
-from tokenizers import Tokenizer as HFTokenizer
 
 from ..errors import where
 from ..models.rope import rope_frequencies
 from .export import ExportedFile, Narrowing, TailHash, Weights, WriteBehind
 from .gguf import GGUF_ARCHS
-from .gguf_tokenizer import PRE_TOKENIZER_NAMES, pre_tokenizer_for
+from .gguf_tokenizer import GGUFVocab
+from .hf_vocab import vocab_of_folder
 
 FILE_TYPES = {"f32": LlamaFileType.ALL_F32, "f16": LlamaFileType.MOSTLY_F16, "bf16": LlamaFileType.MOSTLY_BF16,
               "q8_0": LlamaFileType.MOSTLY_Q8_0}
@@ -44,10 +43,11 @@ def _write(w: GGUFWriter, weights: Weights, src, tokenizer, dtype: str, narrow: 
     w.add_name(Path(name).stem)
     w.add_file_type(FILE_TYPES[dtype])
     _add_hparams(w, cfg)
-    _add_tokenizer(w, tokenizer, cfg, src.path)
+    _vocab(src, tokenizer, cfg).write(w)
+    w.add_quantization_version(GGML_QUANT_VERSION)
 
     stored = weights.stored_as(keymap)
-    qtypes = [_tensor_type(s.shape, dtype) for s in stored]
+    qtypes = [_tensor_type(s.name, s.shape, dtype) for s in stored]
     infos = [(s.name, s.shape, qtype) for s, qtype in zip(stored, qtypes)]
     factors = _rope_factors(cfg)
     if factors is not None:
@@ -56,6 +56,8 @@ def _write(w: GGUFWriter, weights: Weights, src, tokenizer, dtype: str, narrow: 
     for gguf_name, shape, qtype in infos:
         nbytes, np_dtype, info_shape = _layout(shape, qtype)
         w.add_tensor_info(gguf_name, info_shape, np_dtype, nbytes, raw_dtype=None if qtype in (Q.F32, Q.F16) else qtype)
+    w.add_type("model")  # as llama.cpp's converter describes the file: a model, its size from its tensors
+    w.add_size_label(size_label(*w.get_total_parameter_count()))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
@@ -68,9 +70,13 @@ def _write(w: GGUFWriter, weights: Weights, src, tokenizer, dtype: str, narrow: 
             write(w.write_tensor_data, factors.numpy())
 
 
-def _tensor_type(shape: tuple[int, ...], dtype: str) -> Q:
-    """1-D tensors (norms, biases) stay F32, as llama.cpp keeps them; Q8_0 needs rows of 32·k values."""
-    if len(shape) < 2:
+# Tensors llama.cpp's converter keeps in F32 at any output type, beside every 1-D tensor (norms, biases).
+KEEP_F32 = ("position_embd.weight",)  # GPT-2's learned positions
+
+
+def _tensor_type(name: str, shape: tuple[int, ...], dtype: str) -> Q:
+    """F32 for 1-D tensors and those in KEEP_F32, as llama.cpp keeps them; Q8_0 needs rows of 32·k values."""
+    if len(shape) < 2 or name in KEEP_F32:
         return Q.F32
     if dtype == "q8_0" and shape[-1] % 32:
         return Q.F16
@@ -115,53 +121,27 @@ def _add_hparams(w: GGUFWriter, cfg) -> None:
     w.add_block_count(cfg.n_layers)
     w.add_feed_forward_length(cfg.d_ff)
     w.add_head_count(cfg.n_heads)
-    w.add_vocab_size(cfg.vocab_size)
     if cfg.arch == "gpt2":
         w.add_layer_norm_eps(cfg.norm_eps)
         return
+    w.add_vocab_size(cfg.vocab_size)  # llama.cpp's converter writes it for the Llama family only
     w.add_head_count_kv(cfg.n_kv_heads)
     w.add_layer_norm_rms_eps(cfg.norm_eps)
     w.add_rope_freq_base(cfg.rope_theta)
     w.add_rope_dimension_count(cfg.head_dim)
-    if cfg.head_dim != cfg.d_model // cfg.n_heads:
-        w.add_key_length(cfg.head_dim)
-        w.add_value_length(cfg.head_dim)
+    w.add_key_length(cfg.head_dim)  # as the converter writes them from config.json's head_dim
+    w.add_value_length(cfg.head_dim)
     if cfg.rope_scaling is not None and cfg.rope_scaling.kind == "linear":
         w.add_rope_scaling_type(RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(cfg.rope_scaling.factor)
 
 
-def _add_tokenizer(w: GGUFWriter, tokenizer, cfg, origin) -> None:
-    """tokenizer.ggml.*: model, pre-tokenizer name, tokens in id order, token types, merges, ids, flags."""
-    tk: HFTokenizer = tokenizer.tk
-    spec = json.loads(tk.to_str())
-    if (spec.get("model") or {}).get("type") != "BPE":
-        raise where(origin, "only byte-level BPE tokenizers can be written to GGUF")
-    pre = pre_tokenizer_for(spec.get("pre_tokenizer"))
-    if pre is None:
-        raise where(origin, f"the tokenizer's pre-tokenizer matches none llama.cpp knows by name "
-                            f"({', '.join(PRE_TOKENIZER_NAMES)})")
-    vocab = tk.get_vocab(with_added_tokens=True)
-    if max(vocab.values()) >= cfg.vocab_size:
-        raise where(origin, f"the tokenizer has ids up to {max(vocab.values())}, the model only {cfg.vocab_size}")
-    tokens = [f"[PAD{i}]" for i in range(cfg.vocab_size)]
-    types = [TokenType.UNUSED] * cfg.vocab_size  # ids the tokenizer never produces (embedding rows beyond it)
-    for token, i in vocab.items():
-        tokens[i], types[i] = token, TokenType.NORMAL
-    for i, added in tk.get_added_tokens_decoder().items():
-        types[i] = TokenType.CONTROL if added.special else TokenType.USER_DEFINED
-    merges = [m if isinstance(m, str) else " ".join(m) for m in spec["model"].get("merges", [])]
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre(pre)
-    w.add_token_list(tokens)
-    w.add_token_types([int(t) for t in types])
-    w.add_token_merges(merges)
-    if tokenizer.bos_id is not None:
-        w.add_bos_token_id(tokenizer.bos_id)
-    if tokenizer.eos_id is not None:
-        w.add_eos_token_id(tokenizer.eos_id)
-    probe = tk.encode("a", add_special_tokens=True).ids
-    w.add_add_bos_token(bool(probe) and probe[0] == tokenizer.bos_id and probe != tk.encode("a", add_special_tokens=False).ids)
-    if tokenizer.chat_template:
-        w.add_chat_template(tokenizer.chat_template)
-
+def _vocab(src, tokenizer, cfg) -> GGUFVocab:
+    """The tokenizer metadata to write: a GGUF source's own, or what llama.cpp's converter writes for
+    an HF folder's tokenizer (``hf_vocab.py``)."""
+    if src.format == "gguf":
+        return GGUFVocab.read(src.gguf.fields)
+    vocab = vocab_of_folder(src.path, cfg, tokenizer.tk, tokenizer.chat_template)
+    if len(vocab.tokens) != cfg.vocab_size:
+        raise where(src.path, f"the tokenizer has {len(vocab.tokens)} tokens, the model {cfg.vocab_size}")
+    return vocab

@@ -17,7 +17,8 @@ from . import hf_family
 from .export import ExportedFile, Narrowing, Stored, Weights, WriteBehind, sha256_file
 from .safetensors_writer import SafetensorsWriter
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
+                   "tokenizer.model", "added_tokens.json", "chat_template.jinja", "chat_template.json")
 
 
 def write_hf_folder(weights: Weights, src, tokenizer, folder: Path, dtype: torch.dtype, shard_bytes: int,
@@ -79,7 +80,8 @@ def _write_tokenizer(src, tokenizer, folder: Path) -> list[ExportedFile]:
     tokenizer.tk.save(str(folder / "tokenizer.json"))
     token = lambda i: tokenizer.token(i) if i is not None else None  # noqa: E731
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False,
-              "bos_token": token(tokenizer.bos_id), "eos_token": token(tokenizer.eos_id)}
+              "bos_token": token(tokenizer.bos_id), "eos_token": token(tokenizer.eos_id),
+              "unk_token": token(tokenizer.unk_id), "pad_token": token(tokenizer.pad_id)}
     if tokenizer.chat_template:
         config["chat_template"] = tokenizer.chat_template
     return [_describe(folder / "tokenizer.json"), _write_json(folder / "tokenizer_config.json", config)]

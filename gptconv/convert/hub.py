@@ -61,7 +61,8 @@ ALIASES: dict[str, str] = {
 }
 
 SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-              "special_tokens_map.json", "vocab.json", "merges.txt")
+              "special_tokens_map.json", "vocab.json", "merges.txt", "tokenizer.model", "added_tokens.json",
+              "chat_template.jinja", "chat_template.json")
 _REPO_ID = re.compile(r"[\w.-]+/[\w.-]+")
 _SHARD = re.compile(r"(model|pytorch_model)-\d+-of-\d+\.(safetensors|bin)")
 
@@ -124,8 +125,15 @@ def fetch(repo_id: str, revision: str | None = None, prefer_cache: bool = False)
     except HfHubHTTPError as e:
         raise GptconvError(f"{label}: the Hub answered {_status(e)}") from None
     except (OfflineModeIsEnabled, LocalEntryNotFoundError, httpx2.HTTPError, OSError) as e:
+        reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        cached = try_to_load_from_cache(repo_id, "config.json", revision=revision)
+        if isinstance(cached, str):  # as huggingface-hub itself falls back to the cache
+            logging.getLogger("gptconv").warning(
+                f"gptconv: {label}: the Hub at {constants.ENDPOINT} cannot be reached ({reason}); "
+                f"using the snapshot in the cache, {Path(cached).parent}")
+            return Path(cached).parent
         raise GptconvError(f"{label}: cannot reach the Hub at {constants.ENDPOINT} and the model is not in "
-                           f"the cache ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+                           f"the cache ({reason})") from None
 
 
 def fetch_blob_resumable(repo_id: str, filename: str, revision: str | None) -> None:

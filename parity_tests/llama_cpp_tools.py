@@ -1,0 +1,117 @@
+"""llama.cpp's own tools, the yardsticks nobody on this project wrote: its HF → GGUF converter
+(``convert_hf_to_gguf.py`` with its own ``gguf-py``) and its tokenizer test vocabularies
+(``models/ggml-vocab-*.gguf`` with ``.inp`` / ``.out`` cases), from llama-cpp-python's source
+distribution. ``make test`` unpacks them into .venv/llama.cpp-0.3.36 (GPTCONV_LLAMA_CPP_SRC names
+another place).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGUFReader
+
+
+def source() -> Path:
+    folder = Path(os.environ.get("GPTCONV_LLAMA_CPP_SRC") or Path(__file__).parents[1] / ".venv" / "llama.cpp-0.3.36")
+    if not (folder / "convert_hf_to_gguf.py").is_file():
+        pytest.fail(f"llama.cpp's sources are not unpacked in {folder} (`make test` unpacks them)")
+    return folder
+
+
+def vocab_file(name: str) -> Path:
+    return source() / "models" / f"ggml-vocab-{name}.gguf"
+
+
+def vocab_cases(name: str) -> list[tuple[str, list[int]]]:
+    """llama.cpp's tokenizer test cases: texts split on its separator, ids without special tokens."""
+    path = vocab_file(name)
+    texts = path.with_name(path.name + ".inp").read_text(encoding="utf-8").split("\n__ggml_vocab_test__\n")
+    lines = path.with_name(path.name + ".out").read_text(encoding="utf-8").split("\n")
+    texts = texts[:-1] if texts[-1] == "" else texts
+    lines = lines[:len(texts)]
+    assert len(lines) == len(texts) and all(line.strip() or not t for line, t in zip(lines, texts)), path
+    return [(t, [int(x) for x in line.split()]) for t, line in zip(texts, lines)]
+
+
+def convert(folder: Path, out: Path, outtype: str = "f32") -> Path:
+    """llama.cpp's converter on an HF folder, in its own process with its own gguf-py."""
+    r = subprocess.run([sys.executable, str(source() / "convert_hf_to_gguf.py"), str(folder), "--outfile", str(out),
+                        "--outtype", outtype], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return out
+
+
+def hf_tokenizer_from_gguf(gguf_path: Path, folder: Path) -> None:
+    """transformers' own conversion of a GGUF vocabulary into tokenizer.json + tokenizer_config.json."""
+    from transformers import AutoTokenizer
+    AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name).save_pretrained(folder)
+
+
+def our_tokenizer_from_gguf(gguf_path: Path, folder: Path) -> None:
+    """Our reading of a GGUF vocabulary (its ids equal llama.cpp's: test_tokenizer_cases.py) saved as
+    tokenizer.json, where transformers' own conversion is not faithful: for Llama 3's it adds a
+    128,257th token and drops the BOS template and ignore_merges."""
+    import gptconv
+    tok = gptconv.load_tokenizer(str(gguf_path))
+    tok.tk.save(str(folder / "tokenizer.json"))
+    name = lambda i: tok.token(i) if i is not None else None  # noqa: E731
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": name(tok.bos_id), "eos_token": name(tok.eos_id),
+        "clean_up_tokenization_spaces": False}))
+
+
+def sentencepiece_model_from_gguf(gguf_path: Path, out: Path) -> None:
+    """A tokenizer.model with a GGUF SentencePiece vocabulary's pieces, scores and types, built with
+    sentencepiece's own schema; the rest as in Llama 2's (BPE, byte fallback, identity normalization,
+    dummy prefix, whitespace kept)."""
+    from sentencepiece import sentencepiece_model_pb2 as schema
+    fields = GGUFReader(gguf_path).fields
+    model = schema.ModelProto()
+    for piece, score, kind in zip(*(fields[f"tokenizer.ggml.{k}"].contents() for k in ("tokens", "scores", "token_type"))):
+        p = model.pieces.add()
+        p.piece, p.score, p.type = piece, score, kind
+    t = model.trainer_spec
+    t.model_type, t.vocab_size, t.byte_fallback = schema.TrainerSpec.BPE, len(model.pieces), True
+    t.unk_id, t.bos_id, t.eos_id, t.pad_id = 0, 1, 2, -1
+    n = model.normalizer_spec
+    n.name, n.add_dummy_prefix, n.remove_extra_whitespaces, n.escape_whitespaces = "identity", True, False, True
+    out.write_bytes(model.SerializeToString())
+
+
+def _raw(field) -> bytes:
+    return b"".join(np.asarray(part).tobytes() for part in field.parts)
+
+
+def differences(ours: Path, theirs: Path) -> tuple[dict[str, tuple], list[str]]:
+    """(metadata keys whose values differ → (ours, theirs)), and every tensor that differs in name,
+    type, shape or bytes. Values are compared as the bytes the files hold (type included)."""
+    ra, rb = GGUFReader(ours), GGUFReader(theirs)  # each read once: ~10 s for Llama 3's 128k tokens and 280k merges
+    a = {k: f for k, f in ra.fields.items() if not k.startswith("GGUF.")}
+    b = {k: f for k, f in rb.fields.items() if not k.startswith("GGUF.")}
+    show = lambda f: "<absent>" if f is None else f.contents() if len(f.data) < 20 else f"[{len(f.data)} items]"  # noqa: E731
+    keys = {k: (show(a.get(k)), show(b.get(k))) for k in sorted(set(a) | set(b))
+            if k not in a or k not in b or _raw(a[k]) != _raw(b[k])}
+    ta, tb = {t.name: t for t in ra.tensors}, {t.name: t for t in rb.tensors}
+    problems = [f"only in ours: {n}" for n in sorted(set(ta) - set(tb))] + [f"only in theirs: {n}" for n in sorted(set(tb) - set(ta))]
+    for n in sorted(set(ta) & set(tb)):
+        x, y = ta[n], tb[n]
+        if x.tensor_type != y.tensor_type or list(x.shape) != list(y.shape):
+            problems.append(f"{n}: {x.tensor_type.name} {list(x.shape)} against {y.tensor_type.name} {list(y.shape)}")
+        elif not np.array_equal(np.asarray(x.data).view(np.uint8), np.asarray(y.data).view(np.uint8)):
+            problems.append(f"{n}: different bytes")
+    return keys, problems
+
+
+def add_n_ctx(folder: Path) -> None:
+    """llama.cpp's converter reads GPT-2's context as n_ctx, which transformers 5 no longer saves."""
+    path = folder / "config.json"
+    config = json.loads(path.read_text())
+    config.setdefault("n_ctx", config["n_positions"])
+    path.write_text(json.dumps(config, indent=2))

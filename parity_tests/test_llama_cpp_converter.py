@@ -1,0 +1,78 @@
+"""llama.cpp's own converter (convert_hf_to_gguf.py) is the yardstick for every GGUF we write.
+
+On the same HF folder, both converters must write the same tensors (names, types, shapes, bytes) and
+the same metadata, tokenizer arrays included, but for the keys listed below with the reason; and
+what llama.cpp's converter writes must load in gptconv and verify against transformers and llama.cpp.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import gptconv
+import llama_cpp_tools
+from fixtures import CONVERTER_FIXTURES
+from gptconv.api import verify_source
+from gptconv.convert.export import export
+from gptconv.llamacpp import LlamaCpp
+from gptconv.verify import FP32
+from helpers import TORTURE, run_cli
+
+# Metadata keys allowed to differ, and why. Nothing else may.
+PROVENANCE = {
+    "general.name": "the model's name: ours is the output file's stem, the converter's the folder name in words",
+}
+KNOWN = {
+    ("smollm2-tied", "tokenizer.ggml.add_bos_token"):
+        "the converter writes false for any vocabulary of exactly 49,152 tokens (its rule for IBM Granite's "
+        "small models); SmolLM2's tokenizer adds no BOS, which is also llama.cpp's default for it, so ours is silent",
+}
+# Every fixture at f32 and q8_0; f16 / bf16 where a tensor keeps F32 at any type (GPT-2's positions) and
+# for the SentencePiece Llama (reading a 128k-token GGUF takes gguf's reader ~10 s, so not every pair).
+CASES = [(name, dtype) for name in CONVERTER_FIXTURES for dtype in ("f32", "q8_0")] + [
+    (name, dtype) for name in ("gpt2", "llama2-spm") for dtype in ("f16", "bf16")]
+
+
+@pytest.fixture(scope="module")
+def theirs(converter_fixtures, tmp_path_factory):
+    root = tmp_path_factory.mktemp("theirs")
+    made = {}
+
+    def convert(name: str, dtype: str):
+        if (name, dtype) not in made:
+            made[name, dtype] = llama_cpp_tools.convert(converter_fixtures[name], root / f"{name}.{dtype}.gguf", dtype)
+        return made[name, dtype]
+    return convert
+
+
+@pytest.mark.parametrize("name,dtype", CASES)
+def test_our_gguf_equals_llama_cpps_converter(converter_fixtures, theirs, tmp_path, name, dtype):
+    ours = tmp_path / f"{name}.{dtype}.gguf"
+    export(str(converter_fixtures[name]), ours, "gguf", dtype)
+    keys, tensors = llama_cpp_tools.differences(ours, theirs(name, dtype))
+    assert tensors == []
+    unexplained = {k: v for k, v in keys.items() if k not in PROVENANCE and (name, k) not in KNOWN}
+    assert not unexplained
+
+
+@pytest.mark.parametrize("name", list(CONVERTER_FIXTURES))
+def test_llama_cpps_output_loads_tokenizes_and_verifies(converter_fixtures, theirs, name):
+    path = theirs(name, "f32")
+    tok = gptconv.load_tokenizer(str(path))
+    with LlamaCpp(path, vocab_only=True) as llm:
+        for text in TORTURE:
+            assert tok.encode(text) == llm.tokenize(text), text
+    report = verify_source(str(path))
+    print(f"\n{name}: llama.cpp's converter output vs transformers: max|Δ| = {report.max_abs_diff:.3e}")
+    assert report.passed and report.max_abs_diff <= FP32.atol, (report.first_divergent_step, report.notes)
+    assert verify_source(str(path), against="llama.cpp").passed
+    # the same weights as our model of the HF folder, bit for bit
+    ours, folder = gptconv.load(path), gptconv.load(converter_fixtures[name])
+    for (a, x), (b, y) in zip(ours.state_dict().items(), folder.state_dict().items()):
+        assert a == b and x.equal(y), a
+
+
+def test_a_sentencepiece_llama_from_the_converter_traces(theirs):
+    r = run_cli("trace", theirs("llama2-spm", "f32"), "The capital of France is")
+    assert r.returncode == 0, r.stderr
+    assert "final_norm" in r.stdout and "next token" in r.stdout
