@@ -32,11 +32,13 @@ $(LLAMA_SRC): $(STAMP)
 	$(BIN)/pip download -q --no-deps --no-binary :all: llama-cpp-python==0.3.36 -d $@.partial
 	tar -xzf $@.partial/$(SDIST).tar.gz -C $@.partial --strip-components=3 $(SDIST)/vendor/llama.cpp/convert_hf_to_gguf.py \
 		$(SDIST)/vendor/llama.cpp/conversion $(SDIST)/vendor/llama.cpp/gguf-py $(SDIST)/vendor/llama.cpp/models
+	rm $@.partial/$(SDIST).tar.gz
 	mv $@.partial $@
 
-# llama.cpp's Python binding, the reference GGUF consumer; no wheel here, so it builds from that sdist (~6 min on 2 cores)
-$(LLAMA_CPP): $(STAMP) $(LLAMA_SRC)
-	$(BIN)/python -c "import llama_cpp" 2>/dev/null || CMAKE_BUILD_PARALLEL_LEVEL=2 $(BIN)/pip install -q $(LLAMA_SRC)/$(SDIST).tar.gz
+# llama.cpp's Python binding, the reference GGUF consumer; no wheel on PyPI, so it builds (~6 min on 2 cores;
+# pip keeps the wheel it built in its cache, which it would not for the local sdist)
+$(LLAMA_CPP): $(STAMP)
+	$(BIN)/python -c "import llama_cpp" 2>/dev/null || CMAKE_BUILD_PARALLEL_LEVEL=2 $(BIN)/pip install -q llama-cpp-python==0.3.36
 	touch $@
 
 test: $(STAMP) $(LLAMA_CPP) $(LLAMA_SRC)
