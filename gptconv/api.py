@@ -13,7 +13,8 @@ import torch
 from .convert.checkpoint import open_hf_folder, read_safetensors, read_torch_bin
 from .errors import GptconvError, where
 from .loader import Source, load_source, open_source, parse_dtype
-from .reference import gguf_config_disagreements, parity_inputs, read_reference, reference_steps, save_reference, transformers_model
+from .reference import (gguf_config_disagreements, parity_inputs, read_reference, reference_steps, save_reference,
+                        transformers_model)
 from .tokenizer import Tokenizer, load_tokenizer
 from .verify import Report, compare
 
@@ -89,6 +90,9 @@ def verify_source(source: str, dtype: str = "float32", length: int | None = None
     if against == "llama.cpp":
         if reference_file is not None:
             raise GptconvError("--reference and --against llama.cpp: choose one reference")
+        if low:
+            raise GptconvError("verify --against llama.cpp runs in float32 (llama.cpp has no float16 / bfloat16 "
+                               "model to compare with ours); verify --dtype float16 / bfloat16 against transformers")
         from .llamacpp import verify_gguf
         return verify_gguf(src, load_source(src, dt), _inputs(src, length, seed))
     if reference_file is not None:

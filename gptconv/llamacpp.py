@@ -151,8 +151,7 @@ def verify_gguf(src: Any, model: nn.Module, inputs: dict[str, torch.Tensor]) -> 
         raise where(src.path, "verify --against llama.cpp needs a GGUF file (export one with "
                               "`gptconv export --format gguf`)")
     if next(model.parameters()).dtype != torch.float32:
-        raise GptconvError("verify --against llama.cpp runs in float32 (llama.cpp has no float16 / bfloat16 model "
-                           "to compare with ours); verify --dtype float16 / bfloat16 against transformers")
+        raise ValueError("llama.cpp's reference is float32: compare a float32 model")
     n_ctx = max(ids.shape[1] for ids in inputs.values())
     types = sorted(set(src.stored_types.values()))
     stored_f32 = types == ["F32"]
@@ -166,11 +165,13 @@ def verify_gguf(src: Any, model: nn.Module, inputs: dict[str, torch.Tensor]) -> 
                 raise GptconvError(f"{tmp}: llama.cpp's F32 copy of {src.path.name} needs {need / 1e9:.1f} GB, "
                                    f"{free / 1e9:.1f} GB are free (set TMPDIR to a larger disk)")
             dequantize_file(src.path, path)
+        weights = "F32 file" if stored_f32 else f"weights ({', '.join(types)}) dequantized to F32 by llama.cpp's quantizer"
         with LlamaCpp(path, n_ctx) as llm:
-            report = compare(model, inputs, lambda name, ids: {"logits": torch.from_numpy(llm.logits(ids[0].tolist()))[None]},
-                             str(src.name), f"llama.cpp (llama-cpp-python {version}, "
-                             + ("F32 file" if stored_f32 else f"weights ({', '.join(types)}) dequantized to F32 by "
-                                "llama.cpp's quantizer") + ", F32 KV cache)", tolerance=LLAMA_CPP[src.arch])
+            def logits(name: str, ids: torch.Tensor) -> dict[str, torch.Tensor]:
+                return {"logits": torch.from_numpy(llm.logits(ids[0].tolist()))[None]}  # llama.cpp gives no other step
+            report = compare(model, inputs, logits, str(src.name),
+                             f"llama.cpp (llama-cpp-python {version}, {weights}, F32 KV cache)",
+                             tolerance=LLAMA_CPP[src.arch])
     _check_tokenizer(src, report)
     if not stored_f32:
         report.notes.append(_as_stored(src, model, inputs, n_ctx, types))

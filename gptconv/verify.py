@@ -9,6 +9,8 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.nn as nn
 
+from .errors import GptconvError
+
 
 @dataclass(frozen=True)
 class Tolerance:
@@ -219,6 +221,9 @@ def compare(model: nn.Module, inputs: dict[str, torch.Tensor], reference: Refere
         order = list(ours)  # the trace order
         del ref, ours, own
     for step, (ours_sq, own_sq, ref_sq, count) in squares.items():
+        if not math.isfinite(own_sq):
+            raise GptconvError(f"{source}: the reference's own {report.dtype} run holds NaN or Inf at '{step}', so "
+                               f"there is no {report.dtype} error to judge ours by; verify in another dtype")
         s = worst[step]
         s.rms_diff, s.reference_own_rms = math.sqrt(ours_sq / count), math.sqrt(own_sq / count)
         s.allowed = LOW_PRECISION_FACTOR * s.reference_own_rms + tolerance.atol + tolerance.rtol * math.sqrt(ref_sq / count)

@@ -79,3 +79,20 @@ def test_a_recorded_reference_without_that_dtype_says_so(ckpts, tmp_path):
     assert run_cli("reference", ckpts["tiny"], "-o", ref).returncode == 0
     r = run_cli("verify", ckpts["tiny"], "--reference", ref, "--dtype", "float16")
     assert r.returncode == 2 and "records no float16 run" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_a_reference_that_overflows_at_the_dtype_cannot_judge(ckpts):
+    """No calibration without the reference's own error: said in one line, neither a pass nor a failure."""
+    import torch
+
+    import gptconv
+    from gptconv.errors import GptconvError
+    from gptconv.verify import compare, our_steps
+    ours, ref = gptconv.load(ckpts["tiny"], dtype="float16"), gptconv.load(ckpts["tiny"])
+    inputs = {"random": torch.randint(0, 512, (1, 16), generator=torch.Generator().manual_seed(0))}
+    fp32 = lambda name, ids: our_steps(ref, ids, {"logits"})  # noqa: E731
+    overflow = lambda name, ids: {"logits": torch.full_like(fp32(name, ids)["logits"], float("inf"))}  # noqa: E731
+    with pytest.raises(GptconvError, match="holds NaN or Inf at 'logits'"):
+        compare(ours, inputs, fp32, "tiny", "test", reference_at_dtype=overflow)
+    assert compare(ours, inputs, fp32, "tiny", "test", reference_at_dtype=lambda n, ids: our_steps(
+        gptconv.load(ckpts["tiny"], dtype="float16"), ids, {"logits"})).passed
