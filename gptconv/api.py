@@ -12,6 +12,7 @@ import torch
 
 from .convert.checkpoint import open_hf_folder, read_safetensors, read_torch_bin
 from .errors import GptconvError, where
+from .files import check_output
 from .loader import Source, load_source, open_source, parse_dtype
 from .reference import (gguf_config_disagreements, parity_inputs, read_reference, reference_steps, save_reference,
                         transformers_model)
@@ -60,12 +61,15 @@ def encode_prompt(src: Source, text: str | None, ids: str | None) -> list[int]:
         bad = [i for i in out if not 0 <= i < src.config.vocab_size]
         if bad or not out:
             raise GptconvError(f"--ids: {bad[0] if bad else 'nothing'} is not a token id in 0 … {src.config.vocab_size - 1}")
-        return out
-    if text is None:
+    elif text is None:
         raise GptconvError("give a TEXT or --ids")
-    out = load_tokenizer(src).encode(text)
-    if not out:
-        raise GptconvError("the text gives no tokens")
+    else:
+        out = load_tokenizer(src).encode(text)
+        if not out:
+            raise GptconvError("the text gives no tokens")
+    if len(out) > src.config.context_length:
+        raise GptconvError(f"the prompt is {len(out):,} tokens; this model's context holds "
+                           f"{src.config.context_length:,}")
     return out
 
 
@@ -148,10 +152,12 @@ def _available_memory() -> int:
 
 
 def record_reference(source: str, out: Path, length: int | None = None, seed: int = 0,
-                     revision: str | None = None, dtype: str = "float32") -> Path:
+                     revision: str | None = None, dtype: str = "float32", force: bool = False) -> Path:
     """Write transformers' outputs on the fixed inputs to ``out`` (safetensors) for a later verify:
-    its float32 run, and its run in ``dtype`` too when that is float16 or bfloat16."""
+    its float32 run, and its run in ``dtype`` too when that is float16 or bfloat16. An existing
+    ``out`` is replaced only with ``force``."""
     import transformers
+    check_output(out, force)  # before the runs
     src = open_source(source, revision)
     inputs = _inputs(src, length, seed)
     runs = {}
@@ -161,7 +167,7 @@ def record_reference(source: str, out: Path, length: int | None = None, seed: in
                                                 for name, ids in inputs.items()}
         del hf
     save_reference(Path(out), runs, inputs, {"arch": src.arch, "source": str(source),
-                                             "transformers": transformers.__version__})
+                                             "transformers": transformers.__version__}, force)
     return Path(out)
 
 

@@ -18,6 +18,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from .errors import GptconvError, where
+from .files import UNLIMITED, atomic_output, regular_file
 from .streaming import stream_blocks
 
 # our step name → transformers module whose output is that step ({i}: the layer)
@@ -204,7 +205,8 @@ def reference_steps(hf_model: nn.Module, arch: str, n_layers: int, ids: torch.Te
 Runs = dict[str, dict[str, dict[str, torch.Tensor]]]  # dtype name → input name → step → tensor
 
 
-def save_reference(path: Path, runs: Runs, inputs: dict[str, torch.Tensor], meta: dict[str, str]) -> None:
+def save_reference(path: Path, runs: Runs, inputs: dict[str, torch.Tensor], meta: dict[str, str],
+                   force: bool = False) -> None:
     """Keys: ``input/ids``, ``input/step`` (the float32 run) and ``input/dtype/step`` (another run)."""
     tensors = {f"{name}/ids": ids.contiguous() for name, ids in inputs.items()}
     for run, records in runs.items():
@@ -212,13 +214,13 @@ def save_reference(path: Path, runs: Runs, inputs: dict[str, torch.Tensor], meta
         for name, steps in records.items():
             tensors.update({f"{name}/{prefix}{step}": t.contiguous() for step, t in steps.items()})
     meta = {**meta, "gptconv_reference": "1", "inputs": json.dumps(list(inputs))}
-    tmp = path.with_name(path.name + ".partial")
-    save_file(tensors, str(tmp), metadata=meta)
-    tmp.replace(path)
+    with atomic_output(path, force) as tmp:
+        save_file(tensors, str(tmp), metadata=meta)
 
 
 def read_reference(path: Path) -> tuple[dict[str, torch.Tensor], Runs, dict[str, str]]:
     """(inputs, steps per run and input, metadata) from a file ``save_reference`` wrote."""
+    regular_file(path, UNLIMITED)
     try:
         f = safe_open(str(path), framework="pt")
         meta = f.metadata() or {}

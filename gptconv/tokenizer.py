@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from tokenizers import Tokenizer as HFTokenizer
@@ -10,6 +15,31 @@ from tokenizers import decoders, models, pre_tokenizers, processors
 
 from .convert.checkpoint import read_json_object, token_content
 from .errors import GptconvError, where
+from .files import read_text, regular_file
+
+
+@contextlib.contextmanager
+def rust_panics(what: str) -> Iterator[None]:
+    """A panic inside the ``tokenizers`` library (a backtracking Split regex in a hostile tokenizer.json
+    exhausts Oniguruma's retry limit) as a GptconvError. pyo3's PanicException is a BaseException, and
+    Rust prints the panic on stderr itself, so stderr is held for the call and dropped on a panic."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        except BaseException as e:
+            if type(e).__name__ != "PanicException":
+                raise
+            raise GptconvError(f"{what} ({_first_line(e)})") from None
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            kept = held.read()
+        if kept and b"panicked" not in kept:  # what the library printed for other reasons still shows
+            os.write(2, kept)
 
 
 class Tokenizer:
@@ -20,7 +50,8 @@ class Tokenizer:
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Special tokens written in ``text`` (``<|endoftext|>``) become their ids, as in transformers."""
-        return self.tk.encode(text, add_special_tokens=add_special_tokens).ids
+        with rust_panics("the tokenizer failed on this text"):
+            return self.tk.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         return self.tk.decode(ids, skip_special_tokens=skip_special_tokens)
@@ -29,23 +60,13 @@ class Tokenizer:
         return self.tk.id_to_token(id)
 
     def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
-        """The checkpoint's chat template rendered in a sandbox (a template is untrusted input)."""
+        """The checkpoint's chat template, rendered sandboxed and bounded (``chat_template.py``)."""
         if self.chat_template is None:
             raise GptconvError("this model has no chat template")
-        from jinja2 import TemplateError
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-        def raise_exception(message: str) -> None:
-            raise TemplateError(message)
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        env.globals["raise_exception"] = raise_exception
+        from .chat_template import render
         special = lambda i: self.token(i) if i is not None else ""  # noqa: E731
-        try:
-            return env.from_string(self.chat_template).render(
-                messages=messages, add_generation_prompt=add_generation_prompt,
-                bos_token=special(self.bos_id), eos_token=special(self.eos_id))
-        except TemplateError as e:
-            raise GptconvError(f"the chat template failed: {e}") from None
+        return render(self.chat_template, messages=messages, add_generation_prompt=add_generation_prompt,
+                      bos_token=special(self.bos_id), eos_token=special(self.eos_id))
 
     @classmethod
     def from_folder(cls, folder: Path, eos_id: int | None = None, bos_id: int | None = None) -> Tokenizer:
@@ -56,10 +77,14 @@ class Tokenizer:
         config = read_json_object(folder / "tokenizer_config.json")
         special_map = read_json_object(folder / "special_tokens_map.json")
         if (folder / "tokenizer.json").exists():
+            text = read_text(folder / "tokenizer.json")
             try:
-                tk = HFTokenizer.from_file(str(folder / "tokenizer.json"))
+                with rust_panics(f"{folder / 'tokenizer.json'}: not a usable tokenizer"):
+                    tk = HFTokenizer.from_str(text)
+            except GptconvError:
+                raise
             except Exception as e:  # the library raises plain Exception for a corrupt file
-                raise where(folder / "tokenizer.json", f"not a readable tokenizer ({e})") from None
+                raise where(folder / "tokenizer.json", f"not a readable tokenizer ({_first_line(e)})") from None
             if config.get("tokenizer_class") in ("LlamaTokenizer", "LlamaTokenizerFast"):
                 _as_transformers_llama(tk, config)
         elif (folder / "tokenizer.model").exists():
@@ -95,11 +120,8 @@ def chat_template(folder: Path, config: dict) -> str | None:
         template = next((t.get("template") for t in template if isinstance(t, dict) and t.get("name") == "default"), None)
     if isinstance(template, str):
         return template
-    if (folder / "chat_template.jinja").is_file():
-        try:
-            return (folder / "chat_template.jinja").read_text(encoding="utf-8")
-        except UnicodeDecodeError as e:
-            raise where(folder / "chat_template.jinja", f"not UTF-8 text ({e})") from None
+    if (folder / "chat_template.jinja").exists():
+        return read_text(folder / "chat_template.jinja")
     template = read_json_object(folder / "chat_template.json").get("chat_template")
     return template if isinstance(template, str) else None
 
@@ -126,6 +148,8 @@ def _token_id(tk: HFTokenizer, config: dict, special_map: dict, kind: str) -> in
 
 def _byte_level_bpe(folder: Path) -> HFTokenizer:
     # GPT-2's byte-level BPE, assembled the way transformers' GPT2 converter does it.
+    for name in ("vocab.json", "merges.txt"):
+        regular_file(folder / name)
     try:
         bpe = models.BPE.from_file(str(folder / "vocab.json"), str(folder / "merges.txt"))
     except Exception as e:
@@ -169,3 +193,8 @@ def gguf_tokenizer(fields) -> Tokenizer:
     s = vocab.special
     return Tokenizer(vocab.tokenizer(fields.path), s.get("eos"), s.get("bos"), vocab.chat_template, s.get("pad"),
                      s.get("unk"))
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0][:200] if text else type(e).__name__

@@ -1,7 +1,8 @@
 """Each command parses its arguments, calls one library function, and prints its result.
 
 Exit status: 0 success; 1 a parity check failed; 2 bad input or usage (one line on stderr,
-``--debug`` for the traceback).
+``--debug`` for the traceback); 3 an error gptconv did not expect, which is a bug (one line too);
+130 interrupted.
 """
 
 from __future__ import annotations
@@ -15,7 +16,11 @@ from pathlib import Path
 import click
 
 from ..errors import GptconvError
+from ..files import Terminated
 from . import render
+
+
+BUG = 3  # exit status of an exception we did not expect: 2 means bad input, and this is not known to be
 
 
 class Group(click.Group):
@@ -28,19 +33,51 @@ class Group(click.Group):
             raise
         except KeyboardInterrupt:
             fail(ctx, "interrupted", code=130)
+        except Terminated:
+            fail(ctx, "terminated", code=143)
         except BrokenPipeError:  # `gptconv inspect … | head`: the reader left; say nothing more
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             sys.exit(1)
-        except Exception as e:  # a bug, or input we failed to classify: still one line
-            fail(ctx, f"unexpected {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} "
-                      "(rerun with --debug for the traceback)")
+        except OSError as e:  # the system refused a file operation: a path or the machine, not a bug
+            fail(ctx, f"{e.filename}: {e.strerror}" if e.filename and e.strerror else f"{type(e).__name__}: {_line(e)}")
+        except MemoryError:
+            fail(ctx, "out of memory")
+        except BaseException as e:  # a bug (a Rust panic is a BaseException too): one line, its own status
+            if isinstance(e, (SystemExit, GeneratorExit)):
+                raise
+            fail(ctx, f"internal error, a bug in gptconv: {type(e).__name__}: {_line(e)} "
+                      "(rerun with --debug for the traceback)", code=BUG)
+
+
+class FiniteFloat(click.FloatRange):
+    """A FloatRange that refuses NaN (every comparison with NaN is false, so a plain range lets it in)."""
+
+    def convert(self, value, param, ctx):
+        value = super().convert(value, param, ctx)
+        if value != value:
+            self.fail("nan is not a number", param, ctx)
+        return value
+
+
+def _line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0][:300] if text else ""
 
 
 def fail(ctx: click.Context, message: str, code: int = 2) -> None:
     if ctx.obj and ctx.obj.get("debug"):
         traceback.print_exc()
-    click.echo(f"gptconv: error: {message}", err=True)
+    say(message)
     sys.exit(code)
+
+
+def say(message: str) -> None:
+    """One error line on stderr; bytes of a file name that are not UTF-8 shown as \\xNN."""
+    try:
+        message = message.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:  # a lone surrogate from elsewhere (a JSON string)
+        message = message.encode("utf-8", "backslashreplace").decode("utf-8")
+    click.echo(f"gptconv: error: {' '.join(message.splitlines())}", err=True)
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -89,7 +126,7 @@ def trace(source: str, text: str | None, ids: str | None, dtype: str) -> None:
 @source_arg
 @click.argument("prompt")
 @click.option("--max-new-tokens", "-n", default=32, show_default=True, type=click.IntRange(1, 1 << 20))
-@click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(0, 100),
+@click.option("--temperature", default=0.0, show_default=True, type=FiniteFloat(0, 100),
               help="0 is greedy.")
 @click.option("--top-k", default=None, type=click.IntRange(1), help="Sample from the k most likely tokens.")
 @click.option("--seed", default=None, type=int, help="Seed for sampling.")
@@ -158,10 +195,12 @@ def verify(source: str, dtype: str, length: int | None, seed: int, reference_fil
 @click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "bfloat16", "float16"]),
               help="Also record the reference's own run in this dtype, for `verify --dtype` of the same.")
 @revision_opt
-def reference(source: str, output: Path, length: int | None, seed: int, dtype: str, revision: str | None) -> None:
+@click.option("--force", is_flag=True, help="Replace an existing output.")
+def reference(source: str, output: Path, length: int | None, seed: int, dtype: str, revision: str | None,
+              force: bool) -> None:
     """Record transformers' outputs on the fixed inputs, for `verify --reference`."""
     from ..api import record_reference
-    path = record_reference(source, output, length, seed, revision, dtype)
+    path = record_reference(source, output, length, seed, revision, dtype, force)
     click.echo(f"wrote {path} ({path.stat().st_size:,} bytes)")
 
 
@@ -189,13 +228,28 @@ def inspect(path: Path, as_json: bool) -> None:
     from ..api import inspect_path
     result = inspect_path(path)
     if as_json:
-        click.echo(json.dumps({"path": str(result.path), "kind": result.kind, "config": result.config,
-                               "metadata": result.metadata,
-                               "tensors": [{"name": n, "dtype": d, "shape": list(s)} for n, d, s in result.tensors]},
-                              indent=2, default=str))
+        from ..verify import json_safe  # a NaN or Inf a config holds, as a string: strict JSON
+        click.echo(json.dumps(json_safe({"path": str(result.path), "kind": result.kind, "config": result.config,
+                                         "metadata": result.metadata,
+                                         "tensors": [{"name": n, "dtype": d, "shape": list(s)}
+                                                     for n, d, s in result.tensors]}),
+                              indent=2, default=str, allow_nan=False))
     else:
         render.inspection(result)
 
 
 def main() -> None:
-    cli(prog_name="gptconv")
+    """The command line; a usage error (a bad flag, a missing argument) is one line too, exit 2."""
+    try:
+        code = cli.main(prog_name="gptconv", standalone_mode=False)
+    except click.exceptions.UsageError as e:
+        where = f" (see `{e.ctx.command_path} --help`)" if e.ctx is not None else ""
+        say(f"{' '.join(e.format_message().split())}{where}")
+        sys.exit(2)
+    except click.ClickException as e:
+        say(e.format_message())
+        sys.exit(e.exit_code)
+    except click.exceptions.Abort:
+        say("interrupted")
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)

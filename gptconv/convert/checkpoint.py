@@ -12,6 +12,7 @@ import json
 import pickle
 import re
 import warnings
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from ..errors import where
+from ..files import UNLIMITED, read_text, regular_file
 from .keymap import TensorInfo
 
 SAFETENSORS_DTYPES = {
@@ -42,14 +44,16 @@ class HFCheckpoint:
 
 
 def read_json(path: Path) -> Any:
+    """A JSON side file, read only if it is a regular file of a size its kind can have (``files.py``)."""
+    text = read_text(path)
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise where(path, "no such file") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        return json.loads(text)
+    except RecursionError:
+        raise where(path, "not valid JSON (nested deeper than any config; refusing to parse it)") from None
+    except json.JSONDecodeError as e:
         raise where(path, f"not valid JSON ({e})") from None
-    except OSError as e:
-        raise where(path, e.strerror or str(e)) from None
+    except ValueError as e:  # an integer of thousands of digits: Python's conversion limit
+        raise where(path, f"not valid JSON ({_first_line(e)})") from None
 
 
 def read_json_object(path: Path) -> dict[str, Any]:
@@ -148,6 +152,7 @@ def _more(items: list) -> str:
 
 
 def read_safetensors(path: Path, backend: str = "mmap") -> dict[str, TensorInfo]:
+    regular_file(path, UNLIMITED)
     try:
         handle = safe_open(str(path), framework="pt", device="cpu")
         infos = {}
@@ -178,26 +183,79 @@ def _safetensors_loader(handle: Any, path: Path, name: str):
 
 
 def read_torch_bin(path: Path) -> dict[str, TensorInfo]:
+    regular_file(path, UNLIMITED)
+    zipped = zipfile.is_zipfile(path)
+    if not zipped and not _starts_like_a_pickle(path):
+        raise where(path, "not a PyTorch checkpoint (neither torch.save's zip archive nor its older pickle format)")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torch warns about pickle protocols it reads anyway
-            try:
-                state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-            except RuntimeError as e:
-                if "mmap" not in str(e):  # the pre-zip pickle format cannot be memory-mapped
-                    raise
-                state = torch.load(path, map_location="cpu", weights_only=True)
+            # the zip format is memory-mapped; the older pickle format cannot be
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=zipped)
     except pickle.UnpicklingError as e:
+        # torch's message for every pickle it will not read ends in advice to pass weights_only=False: never
         found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(e))
-        what = f" ({found.group(1)})" if found else ""
-        raise where(path, f"refused: the pickle would call code{what}, not just build tensors; "
-                          "gptconv loads .bin files only with torch.load(weights_only=True)") from None
-    except (RuntimeError, OSError, EOFError, ValueError) as e:
+        if found is not None:
+            raise where(path, f"refused: the pickle would call code ({found.group(1)}), not just build tensors; "
+                              "gptconv loads .bin files only with torch.load(weights_only=True)") from None
+        if "WeightsUnpickler error" in str(e):
+            raise where(path, f"refused: torch.load(weights_only=True) cannot read this pickle "
+                              f"({_pickle_problem(e)}); gptconv loads .bin files only that way") from None
+        raise where(path, f"not a readable PyTorch checkpoint (its pickle is corrupt: {_pickle_problem(e)})") from None
+    except (RuntimeError, OSError, EOFError, ValueError, zipfile.BadZipFile) as e:
         raise where(path, f"not a readable PyTorch checkpoint ({_first_line(e)})") from None
     if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
                                               for k, v in state.items()):
         raise where(path, "not a state dict of name → tensor")
+    if zipped:
+        _check_records(path, state)
     return {k: TensorInfo(tuple(v.shape), v.dtype, lambda v=v: v) for k, v in state.items()}
+
+
+def _starts_like_a_pickle(path: Path) -> bool:
+    with open(path, "rb") as f:
+        head = f.read(2)
+    return len(head) == 2 and head[0] == 0x80 and 2 <= head[1] <= 5  # PROTO opcode, protocols 2 … 5
+
+
+def _pickle_problem(e: BaseException) -> str:
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    advice = ("weights_only", "Weights only load failed", "WeightsUnpickler error", "Please file an issue")
+    for line in lines:  # torch wraps the cause in advice; keep the cause
+        if not any(a in line for a in advice):
+            return line[:200]
+    return type(e).__name__
+
+
+def _check_records(path: Path, state: dict[str, torch.Tensor]) -> None:
+    """Every tensor's storage lies inside its own zip record. Memory-mapped loading takes a storage's
+    size from the pickle and its bytes from wherever its record starts, so a record shorter than its
+    storage would read the records after it (a plain torch.load refuses such a file)."""
+    with zipfile.ZipFile(path) as z, open(path, "rb") as f:
+        records = {}  # where a record's data starts in the file → its size
+        for info in z.infolist():
+            if "/data/" in info.filename and info.compress_type == zipfile.ZIP_STORED:
+                f.seek(info.header_offset)
+                local = f.read(30)  # the local header: the name and extra field lengths at bytes 26 and 28
+                start = info.header_offset + 30 + int.from_bytes(local[26:28], "little") + int.from_bytes(local[28:30], "little")
+                records[start] = info.file_size
+    storages = {}
+    for name, t in state.items():
+        s = t.untyped_storage()
+        if s.nbytes():
+            storages.setdefault(s.data_ptr(), (name, s.nbytes()))
+    if not storages:
+        return
+    first = min(storages)  # the mapping's base: the one that puts every storage at a record's start
+    base = next((first - start for start in records
+                 if all(ptr - (first - start) in records for ptr in storages)), None)
+    for ptr, (name, nbytes) in sorted(storages.items()):
+        size = records.get(ptr - base) if base is not None else None
+        if size is None:
+            raise where(path, f"tensor '{name}' does not start at a data record of the archive")
+        if nbytes > size:
+            raise where(path, f"tensor '{name}' needs {nbytes:,} bytes but its record holds {size:,} "
+                              "(a truncated or altered archive)")
 
 
 def _first_line(e: BaseException) -> str:

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
 import re
-import shutil
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -22,6 +20,7 @@ from typing import Any, NamedTuple
 import torch
 
 from ..errors import GptconvError, where
+from ..files import atomic_output, check_output
 from .keymap import KeyMap, Plan, Transform, model_shapes
 
 F16_MAX = 65504.0
@@ -242,55 +241,6 @@ class Weights:
             del tensor
 
 
-@contextlib.contextmanager
-def atomic_output(out: Path, force: bool) -> Iterator[Path]:
-    """Yield a temporary path beside ``out``; on success it replaces ``out``, on failure it is removed."""
-    if out.exists() and not force:
-        raise where(out, "already exists; pass --force to replace it")
-    if not out.parent.is_dir():
-        raise where(out.parent, "no such folder")
-    _remove_stale_partials(out)
-    tmp = out.with_name(f".{out.name}.partial-{os.getpid()}")
-    _remove(tmp)
-    try:
-        yield tmp
-    except BaseException:
-        _remove(tmp)
-        raise
-    if tmp.is_dir() and out.exists():  # a folder cannot be swapped in one rename: move the old one aside first
-        old = out.with_name(f".{out.name}.old-{os.getpid()}")
-        out.rename(old)
-        tmp.rename(out)
-        _remove(old)
-    else:
-        os.replace(tmp, out)
-
-
-def _remove_stale_partials(out: Path) -> None:
-    """Temporary outputs left by exports that were killed (their process is gone) are removed."""
-    for tmp in out.parent.glob(f".{out.name}.partial-*"):
-        pid = tmp.name.rsplit("-", 1)[1]
-        if pid.isdigit() and not _alive(int(pid)):
-            _remove(tmp)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    elif path.exists() or path.is_symlink():
-        path.unlink()
-
-
 def export(source: str, out: Path, format: str = "safetensors", dtype: str = "f32", max_shard_size: str = "5GB",
            force: bool = False, clamp: bool = False, revision: str | None = None) -> ExportSummary:
     """Write ``source`` as an HF folder (``format="safetensors"``) or a GGUF file (``format="gguf"``)."""
@@ -304,8 +254,8 @@ def export(source: str, out: Path, format: str = "safetensors", dtype: str = "f3
         raise GptconvError("--dtype q8_0 exists only in GGUF")
     out = Path(out)
     shard_bytes = parse_size(max_shard_size)
-    if out.exists() and not force:  # before loading anything
-        raise where(out, "already exists; pass --force to replace it")
+    kind = "folder" if format == "safetensors" else "file"
+    check_output(out, force, kind)  # before loading anything
     src = open_source(source, revision, backend="stream")  # each tensor mapped on its own, unmapped when freed
     weights = Weights.of(src)
     tokenizer = None
@@ -315,7 +265,7 @@ def export(source: str, out: Path, format: str = "safetensors", dtype: str = "f3
         except GptconvError:
             pass
     narrow = Narrowing(src.path, clamp)
-    with atomic_output(out, force) as tmp, _threads_but_one():
+    with atomic_output(out, force, kind, keep=(src.path,)) as tmp, _threads_but_one():
         if format == "safetensors":
             from .hf_export import write_hf_folder
             files = write_hf_folder(weights, src, tokenizer, tmp, EXPORT_DTYPES[dtype], shard_bytes, narrow)

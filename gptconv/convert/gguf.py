@@ -14,10 +14,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGUF_MAGIC, GGMLQuantizationType, GGUFReader, Keys
+from gguf import GGUF_MAGIC, GGMLQuantizationType, GGUFReader, GGUFValueType, Keys
 from gguf.quants import dequantize
 
 from ..errors import where
+from ..files import UNLIMITED, regular_file
 from ..models.gpt2 import GPT2Config
 from ..models.llama import LlamaConfig
 from ..models.rope import RopeScaling
@@ -86,13 +87,38 @@ def check_header(path: Path) -> None:
                           f"more than a {size:,}-byte file can hold")
 
 
+class CheckedReader(GGUFReader):
+    """GGUFReader, refusing to read past the end of the file. Its reads past the end return empty
+    arrays, so an array whose count is 2^40 made it append empty parts for ever (3.5 GB in 30 s):
+    every read must fit in the file, and every array's count times its least item size in the bytes
+    left (a string takes at least its 8-byte length, a nested array its 12-byte header)."""
+
+    LEAST_ITEM = {GGUFValueType.STRING: 8, GGUFValueType.ARRAY: 12}
+
+    def _get(self, offset, dtype, count=1, override_order=None):
+        end = int(offset) + int(np.dtype(dtype).itemsize) * int(count)
+        if end > len(self.data):
+            raise ValueError(f"a read at byte {int(offset):,} runs past the end of the file ({len(self.data):,} bytes)")
+        return super()._get(offset, dtype, count, override_order)
+
+    def _get_field_parts(self, orig_offs, raw_type):
+        if raw_type == GGUFValueType.ARRAY:
+            item = GGUFValueType(int(self._get(orig_offs, np.uint32)[0]))
+            count = int(self._get(orig_offs + 4, np.uint64)[0])
+            least = self.LEAST_ITEM.get(item) or np.dtype(self.gguf_scalar_to_np[item]).itemsize
+            left = len(self.data) - orig_offs - 12
+            if count * least > left:
+                raise ValueError(f"an array of {count:,} {item.name} items at byte {orig_offs:,}, more than the "
+                                 f"{left:,} bytes left can hold")
+        return super()._get_field_parts(orig_offs, raw_type)
+
+
 def read_fields(path: Path) -> GGUFFields:
     """A GGUF file's metadata (its tensors listed, none read), whatever its architecture."""
-    path = Path(path)
-    if path.exists():
-        check_header(path)
+    path = regular_file(Path(path), UNLIMITED)  # a FIFO would block GGUFReader for ever
+    check_header(path)
     try:
-        reader = GGUFReader(path, "r")
+        reader = CheckedReader(path, "r")
     except FileNotFoundError:
         raise where(path, "no such file") from None
     except Exception as e:  # GGUFReader raises ValueError, struct.error, IndexError… on a corrupt file

@@ -23,6 +23,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, normalizers, processors
 
 from ..errors import where
+from ..files import read_bytes
 
 # Piece types, as sentencepiece's ModelProto and llama.cpp's tokenizer.ggml.token_type number them.
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -98,8 +99,8 @@ def read_model(path: Path) -> Pieces:
     from google.protobuf.message import DecodeError
     model = schema.ModelProto()
     try:
-        model.ParseFromString(path.read_bytes())
-    except (DecodeError, OSError) as e:
+        model.ParseFromString(read_bytes(path))
+    except DecodeError as e:
         raise where(path, f"not a readable SentencePiece model ({e})") from None
     trainer, norm = model.trainer_spec, model.normalizer_spec
     if not model.pieces:
