@@ -23,6 +23,8 @@ class FakeHub:
         self.gated: set[str] = set()
         self.cut: dict[str, list[int]] = {}  # file name → for each coming GET, bytes sent before the connection drops
         self.log: list[tuple[str, str]] = []
+        self.sha = COMMIT  # the commit the model-info API answers
+        self.etags: dict[str, list[str | None]] = {}  # file name → for each coming request, the ETag to send
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
@@ -100,7 +102,7 @@ class FakeHub:
 
             def _info(self, repo: str) -> None:
                 files = sorted(p.name for p in hub.repos[repo].iterdir() if p.is_file())
-                self._json({"id": repo, "modelId": repo, "sha": COMMIT, "private": False,
+                self._json({"id": repo, "modelId": repo, "sha": hub.sha, "private": False,
                             "siblings": [{"rfilename": f} for f in files]})
 
             def _tree(self, repo: str) -> None:
@@ -128,7 +130,8 @@ class FakeHub:
                     hub.log.append(("RANGE", f"{name}@{start}"))
                 self.send_response(206 if start else 200)
                 self.send_header("X-Repo-Commit", COMMIT)
-                self.send_header("ETag", '"' + hashlib.sha256(data).hexdigest() + '"')
+                etag = hub.etags[name].pop(0) if hub.etags.get(name) else None
+                self.send_header("ETag", '"' + (etag or hashlib.sha256(data).hexdigest()) + '"')
                 self.send_header("Content-Length", str(len(data) - start))
                 if start:
                     self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")

@@ -160,3 +160,39 @@ def test_chat_template_jinja_is_fetched_used_and_kept(hub, tmp_path):
     assert (hf / "chat_template.jinja").read_text() == CHAT
     assert run_cli("export", "gpt2", "--format", "gguf", "-o", gguf, env=hub.env).returncode == 0
     assert GGUFReader(gguf).fields["tokenizer.chat_template"].contents() == CHAT
+
+
+def _files_under(folder):
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() or p.is_symlink())
+
+
+@pytest.mark.parametrize("name, answers", [
+    ("config.json", ["../../../../escaped"]),            # a side file, on the first answer
+    ("model.safetensors", ["../../../../escaped"]),      # the weights
+    ("merges.txt", [None, "../../../../escaped"]),       # honest to our check, hostile to huggingface-hub's
+])
+def test_a_hostile_etag_cannot_choose_where_files_are_written(hub, tmp_path, name, answers):
+    hub.etags[name] = list(answers)
+    r = run_cli("pull", "gpt2", env=hub.env)
+    one_line = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(one_line) == 1, r.stderr
+    assert name in one_line[0] and "not a content hash" in one_line[0], one_line
+    assert not list(tmp_path.rglob("escaped*")), "a file was written where the Hub said"
+    if answers[0] is not None:  # refused before anything was written
+        assert not any("blobs" in f or "snapshots" in f for f in _files_under(tmp_path / "hf-home")), \
+            _files_under(tmp_path / "hf-home")
+
+
+def test_a_hostile_commit_cannot_name_the_snapshot_folder(hub, tmp_path):
+    hub.sha = "../../../../escaped"
+    r = run_cli("pull", "gpt2", env=hub.env)
+    assert r.returncode == 2 and "not a content hash" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not list(tmp_path.rglob("escaped*"))
+    assert not any("blobs" in f or "snapshots" in f for f in _files_under(tmp_path / "hf-home"))
+
+
+@pytest.mark.parametrize("args", [["a/.."], ["a/b--c"], ["./x"], ["gpt2", "--revision", "../../x"]])
+def test_repo_ids_and_revisions_that_are_not_names(hub, args):
+    r = run_cli("pull", *args, env=hub.env)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "unexpected" not in r.stderr and "internal error" not in r.stderr, r.stderr

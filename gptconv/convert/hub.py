@@ -11,6 +11,12 @@ download each plain-HTTP weight file ourselves, with huggingface-hub's own ``htt
 requests, retries, Hub errors), into ``blobs/<etag>.gptconv-partial`` in the standard cache,
 check its size and sha256, and move it to ``blobs/<etag>``, where ``snapshot_download`` finds
 it and only links it. Xet-stored files are left to huggingface-hub and hf_xet.
+
+What the Hub answers becomes paths in the cache: the commit names the snapshot folder, each file's
+ETag its blob. A hostile or intercepted endpoint answering an ETag ``"../../x"`` would choose where
+the bytes land (huggingface-hub builds its blob paths from the ETag as it comes), so every commit and
+ETag is checked to be a content hash (git's 40 hex digits, or LFS's sha256) for every file, before
+anything is written, and again as huggingface-hub uses them.
 """
 
 from __future__ import annotations
@@ -19,18 +25,21 @@ import contextlib
 import logging
 import os
 import re
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx2
-from huggingface_hub import (HfApi, constants, get_hf_file_metadata, hf_hub_url, snapshot_download,
+from huggingface_hub import (HfApi, constants, file_download, get_hf_file_metadata, hf_hub_url, snapshot_download,
                              try_to_load_from_cache)
+from huggingface_hub._revision import ResolvedRevision
 from huggingface_hub.file_download import http_get, repo_folder_name
 from huggingface_hub.utils import WeakFileLock, build_hf_headers
 from huggingface_hub.utils._runtime import is_xet_available
 from huggingface_hub.errors import (
     GatedRepoError,
     HfHubHTTPError,
+    HFValidationError,
     LocalEntryNotFoundError,
     OfflineModeIsEnabled,
     RepositoryNotFoundError,
@@ -63,7 +72,9 @@ ALIASES: dict[str, str] = {
 SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
               "special_tokens_map.json", "vocab.json", "merges.txt", "tokenizer.model", "added_tokens.json",
               "chat_template.jinja", "chat_template.json")
-_REPO_ID = re.compile(r"[\w.-]+/[\w.-]+")
+_REPO_ID = re.compile(r"(?!.*(--|\.\.))[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}")  # as the Hub allows
+_CONTENT_ID = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")  # a git object id, or an LFS file's sha256
+_COMMIT = re.compile(r"[0-9a-f]{40}")
 _SHARD = re.compile(r"(model|pytorch_model)-\d+-of-\d+\.(safetensors|bin)")
 
 
@@ -105,14 +116,12 @@ def fetch(repo_id: str, revision: str | None = None, prefer_cache: bool = False)
         if constants.HF_HUB_OFFLINE:
             raise GptconvError(f"{label}: HF_HUB_OFFLINE is set and the model is not in the cache "
                                f"({constants.HF_HUB_CACHE}); run `gptconv pull {repo_id}` online first")
+    if revision is not None and (not revision or revision.startswith("/")
+                                 or any(part in ("", ".", "..") for part in revision.split("/"))):
+        raise GptconvError(f"{label}: '{revision}' is not a revision name")
     try:
-        info = HfApi().model_info(repo_id, revision=revision)
-        names = files_to_fetch([s.rfilename for s in info.siblings or []])
-        for name in names:
-            if _SHARD.fullmatch(name) or name in ("model.safetensors", "pytorch_model.bin"):
-                fetch_blob_resumable(repo_id, name, info.sha or revision)
-        folder = snapshot_download(repo_id, revision=revision, allow_patterns=names)  # records refs/<revision>
-        return Path(folder)
+        with _progress_only_on_a_terminal():
+            return _fetch(repo_id, revision)
     except GptconvError as e:
         raise GptconvError(f"{label}: {e}") from None
     except GatedRepoError:
@@ -120,6 +129,8 @@ def fetch(repo_id: str, revision: str | None = None, prefer_cache: bool = False)
                            "or run `hf auth login`") from None
     except RevisionNotFoundError:
         raise GptconvError(f"{label}: the repo has no revision '{revision}'") from None
+    except HFValidationError as e:
+        raise GptconvError(f"{label}: not a Hub repo id ({str(e).splitlines()[0]})") from None
     except RepositoryNotFoundError:
         raise GptconvError(f"{label}: no such model on the Hub (if it is private, set HF_TOKEN)") from None
     except HfHubHTTPError as e:
@@ -136,9 +147,74 @@ def fetch(repo_id: str, revision: str | None = None, prefer_cache: bool = False)
                            f"the cache ({reason})") from None
 
 
-def fetch_blob_resumable(repo_id: str, filename: str, revision: str | None) -> None:
-    """Put ``filename``'s blob in the HF cache, resuming from the bytes an earlier, failed pull left."""
-    meta = get_hf_file_metadata(hf_hub_url(repo_id, filename, revision=revision))
+def _fetch(repo_id: str, revision: str | None) -> Path:
+    info = HfApi().model_info(repo_id, revision=revision)
+    commit = checked_id(info.sha, "commit", "the repo", _COMMIT)
+    names = files_to_fetch([s.rfilename for s in info.siblings or []])
+    metas = {name: get_hf_file_metadata(hf_hub_url(repo_id, name, revision=commit)) for name in names}
+    for name, meta in metas.items():  # all of them, before any byte is written
+        checked_id(meta.etag, "ETag", name)
+        checked_id(meta.commit_hash, "commit", name, _COMMIT)
+    for name in names:
+        if _SHARD.fullmatch(name) or name in ("model.safetensors", "pytorch_model.bin"):
+            fetch_blob_resumable(repo_id, name, metas[name])
+    with _checked_answers():  # snapshot_download asks again per file: its answers are checked too
+        folder = snapshot_download(repo_id, revision=ResolvedRevision(commit, revision, repo_id),
+                                   allow_patterns=names)
+    _record_ref(repo_id, revision or constants.DEFAULT_REVISION, commit)
+    return Path(folder)
+
+
+def checked_id(value: object, what: str, name: str, form: re.Pattern = _CONTENT_ID) -> str:
+    """``value`` if it is a content hash the cache may name a path by; a GptconvError otherwise."""
+    if not isinstance(value, str) or not form.fullmatch(value):
+        raise GptconvError(f"{name}: the Hub at {constants.ENDPOINT} answered the {what} {str(value)[:80]!r}, "
+                           "which is not a content hash; refusing to write anything by that name")
+    return value
+
+
+@contextlib.contextmanager
+def _checked_answers() -> Iterator[None]:
+    """huggingface-hub's per-file metadata (from a HEAD or its cached tree listing), checked as it
+    comes, so an endpoint that changes its answer between our check and its download is caught too."""
+    original = getattr(file_download, "_get_metadata_or_catch_error", None)
+    if original is None:  # another huggingface-hub layout: the check before the download still stands
+        yield
+        return
+
+    def checked(*args, **kwargs):
+        answer = original(*args, **kwargs)
+        name = kwargs.get("filename", "a file")
+        if answer[1] is not None:
+            checked_id(answer[1], "ETag", name)
+        if answer[2] is not None:
+            checked_id(answer[2], "commit", name, _COMMIT)
+        return answer
+
+    file_download._get_metadata_or_catch_error = checked
+    try:
+        yield
+    finally:
+        file_download._get_metadata_or_catch_error = original
+
+
+def _record_ref(repo_id: str, revision: str, commit: str) -> None:
+    """refs/<revision> → commit, as huggingface-hub records it (a later offline load reads it)."""
+    if revision == commit:
+        return
+    refs = Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=repo_id, repo_type="model") / "refs"
+    ref = refs / revision
+    ref.parent.mkdir(parents=True, exist_ok=True)
+    if ref.is_file() and ref.read_text() == commit:
+        return
+    tmp = ref.with_name(f".{ref.name}.{os.getpid()}.tmp")
+    tmp.write_text(commit)
+    os.replace(tmp, ref)
+
+
+def fetch_blob_resumable(repo_id: str, filename: str, meta) -> None:
+    """Put ``filename``'s blob in the HF cache, resuming from the bytes an earlier, failed pull left.
+    ``meta``: its checked metadata."""
     if meta.etag is None or meta.size is None or (meta.xet_file_data is not None and is_xet_available()
                                                   and not constants.HF_HUB_DISABLE_XET):
         return  # no content id to key a partial file by, or a Xet file: huggingface-hub downloads it
@@ -172,6 +248,21 @@ def fetch_blob_resumable(repo_id: str, filename: str, revision: str | None) -> N
                                f"{meta.etag}; the partial file was removed, pull again")
         os.replace(partial, blob)
 
+
+
+@contextlib.contextmanager
+def _progress_only_on_a_terminal() -> Iterator[None]:
+    """huggingface-hub's progress bars on a terminal only: in a pipe or a log they are lines of noise
+    before the one-line result (or error)."""
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+    if sys.stderr.isatty() or are_progress_bars_disabled():
+        yield
+        return
+    disable_progress_bars()
+    try:
+        yield
+    finally:
+        enable_progress_bars()
 
 @contextlib.contextmanager
 def _quiet(function) -> Iterator[None]:
