@@ -30,7 +30,7 @@ def gpt2_config_from_hf(data: dict[str, Any], origin: object) -> GPT2Config:
         d_model=d,
         n_layers=f.int("n_layer"),
         n_heads=f.int("n_head"),
-        d_ff=f.int("n_inner", None) or 4 * d,
+        d_ff=f.positive("n_inner", 4 * d),  # absent or null: 4d; 0 is refused, as transformers would build 0
         norm_eps=f.float("layer_norm_epsilon", 1e-5),
         gelu=_GELU[activation],
         embd_dropout=f.float("embd_pdrop", 0.1),

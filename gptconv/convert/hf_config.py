@@ -34,6 +34,16 @@ class ConfigFields:
     def int(self, name: str, default: Any = _REQUIRED) -> int:
         return self._get(name, (int,), default)
 
+    def positive(self, name: str, default: Any) -> int:
+        """An optional size: ``default`` when absent or null; 0 or less is an error (transformers would
+        take a 0 as it is, not as "absent")."""
+        value = self.int(name, None)
+        if value is None:
+            return default
+        if value <= 0:
+            raise self.error(f"field '{name}' is {value}; it must be at least 1 (or absent)")
+        return value
+
     def float(self, name: str, default: Any = _REQUIRED) -> float:
         value = self._get(name, (int, float), default)
         return float(value) if value is not None else None

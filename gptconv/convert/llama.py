@@ -60,9 +60,9 @@ def llama_config_from_hf(data: dict[str, Any], origin: object) -> LlamaConfig:
         d_model=d,
         n_layers=f.int("num_hidden_layers"),
         n_heads=heads,
-        n_kv_heads=f.int("num_key_value_heads", None) or heads,
+        n_kv_heads=f.positive("num_key_value_heads", heads),
         d_ff=f.int("intermediate_size"),
-        head_dim=f.int("head_dim", None) or 0,
+        head_dim=f.positive("head_dim", 0),  # 0: d_model / n_heads
         norm_eps=f.float("rms_norm_eps", 1e-6),
         rope_theta=theta,
         rope_scaling=scaling,
