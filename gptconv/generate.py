@@ -7,6 +7,7 @@ from collections.abc import Iterator
 import torch
 import torch.nn as nn
 
+from .errors import GptconvError
 from .models import KVCache
 
 
@@ -30,10 +31,12 @@ def stream(model: nn.Module, prompt: list[int], max_new_tokens: int, temperature
     limit = model.config.context_length
     total = min(len(prompt) + max_new_tokens, limit)
     if not prompt or len(prompt) >= limit:
-        raise ValueError(f"the prompt has {len(prompt)} tokens; it must have 1 … {limit - 1}")
+        raise GptconvError(f"the prompt has {len(prompt):,} tokens; generation needs 1 … {limit - 1:,} "
+                           f"(this model's context holds {limit:,})")
     device = next(model.parameters()).device
     generator = torch.Generator(device).manual_seed(seed) if seed is not None else None
-    cache = KVCache.for_model(model, batch=1, max_len=total)
+    # room for the prompt and the first tokens; it grows as generation goes on, up to ``total``
+    cache = KVCache.for_model(model, batch=1, max_len=total, reserve=len(prompt) + 256)
     ids = torch.tensor([prompt], device=device)                     # (1, T): the prefill
     for _ in range(total - len(prompt)):
         logits = model(ids, cache=cache, last_only=True)[:, -1]     # (1, V)
