@@ -82,16 +82,17 @@ class Report:
 
     def to_dict(self) -> dict:
         """As plain JSON values: an infinite or NaN difference becomes the string "inf" / "nan"."""
-        return _json_safe(asdict(self))
+        return json_safe(asdict(self))
 
 
-def _json_safe(value):
+def json_safe(value):
+    """``value`` with every NaN / Inf float as the string "nan" / "inf" / "-inf" (JSON has neither)."""
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_json_safe(v) for v in value]
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
     return value
 
 
