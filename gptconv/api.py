@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from .convert.checkpoint import open_hf_folder, read_safetensors, read_torch_bin
-from .errors import GptconvError, where
+from .errors import GptconvError, NoTokenizer, where
 from .files import check_output
 from .loader import Source, load_source, open_source, parse_dtype
 from .reference import (gguf_config_disagreements, parity_inputs, read_reference, reference_steps, save_reference,
@@ -47,7 +47,7 @@ def pull(source: str, revision: str | None = None) -> PullSummary:
 def tokenizer_or_none(src: Source) -> Tokenizer | None:
     try:
         return load_tokenizer(src)
-    except GptconvError:
+    except NoTokenizer:  # none at all; one that cannot be read is an error
         return None
 
 

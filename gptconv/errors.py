@@ -9,6 +9,10 @@ class GptconvError(Exception):
     """
 
 
+class NoTokenizer(GptconvError):
+    """The checkpoint carries no tokenizer at all (not: one that cannot be read)."""
+
+
 def where(path: object, problem: str) -> GptconvError:
     """An error about one file or folder: ``"<path>: <problem>"``."""
     return GptconvError(f"{path}: {problem}")

@@ -19,6 +19,7 @@ from .convert.checkpoint import open_hf_folder
 from .convert.gguf import GGUF_ARCHS, GGUFCheckpoint, open_gguf
 from .convert.hub import fetch, repo_id_for
 from .errors import GptconvError
+from .files import UNLIMITED, regular_file
 from .models import build_empty
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "f32": torch.float32,
@@ -75,6 +76,8 @@ def open_source(source: str | Path, revision: str | None = None, prefer_cache: b
                 backend: str = "mmap") -> Source:
     """The checkpoint, its config and its tensors, none read yet; ``backend``: see ``open_hf_folder``."""
     path, repo_id = resolve(source, revision, prefer_cache)
+    if not path.is_dir():
+        regular_file(path, UNLIMITED)  # a FIFO or a device is named as such, before anything opens it
     if path.is_file():
         if path.suffix != ".gguf":
             raise GptconvError(f"{path}: a single file loads only as .gguf; for HF weights give the folder "

@@ -14,7 +14,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, processors
 
 from .convert.checkpoint import read_json_object, token_content
-from .errors import GptconvError, where
+from .errors import GptconvError, NoTokenizer, where
 from .files import read_text, regular_file
 
 
@@ -54,7 +54,8 @@ class Tokenizer:
             return self.tk.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
-        return self.tk.decode(ids, skip_special_tokens=skip_special_tokens)
+        with rust_panics("the tokenizer failed to decode these ids"):  # a decoder has regexes too
+            return self.tk.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def token(self, id: int) -> str:
         return self.tk.id_to_token(id)
@@ -92,7 +93,8 @@ class Tokenizer:
         elif (folder / "vocab.json").exists() and (folder / "merges.txt").exists():
             tk = _byte_level_bpe(folder)
         else:
-            raise where(folder, "no tokenizer: expected tokenizer.json, tokenizer.model, or vocab.json and merges.txt")
+            raise NoTokenizer(f"{folder}: no tokenizer: expected tokenizer.json, tokenizer.model, or vocab.json "
+                              "and merges.txt")
         _add_special_tokens(tk, config, special_map)
         ids = {kind: _token_id(tk, config, special_map, kind) for kind in ("pad", "unk")}
         return cls(tk, eos_id, bos_id, chat_template(folder, config), ids["pad"], ids["unk"])

@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ..errors import GptconvError, where
+from ..errors import GptconvError, NoTokenizer, where
 from ..files import atomic_output, check_output
 from .keymap import KeyMap, Plan, Transform, model_shapes
 
@@ -262,7 +262,7 @@ def export(source: str, out: Path, format: str = "safetensors", dtype: str = "f3
     if format == "gguf" or src.format != "hf":  # an HF folder's own tokenizer files are copied as they are
         try:
             tokenizer = load_tokenizer(src)
-        except GptconvError:
+        except NoTokenizer:  # none at all: an HF folder goes without; a GGUF file cannot (below)
             pass
     narrow = Narrowing(src.path, clamp)
     with atomic_output(out, force, kind, keep=(src.path,)) as tmp, _threads_but_one():

@@ -94,6 +94,9 @@ class CheckedReader(GGUFReader):
     left (a string takes at least its 8-byte length, a nested array its 12-byte header)."""
 
     LEAST_ITEM = {GGUFValueType.STRING: 8, GGUFValueType.ARRAY: 12}
+    # No key llama.cpp defines holds arrays of arrays, and the reader builds Python objects for each
+    # item (a 12 MB file of a million empty arrays took 42 s and 1.5 GB): a few are allowed, not more.
+    MOST_NESTED = 1024
 
     def _get(self, offset, dtype, count=1, override_order=None):
         end = int(offset) + int(np.dtype(dtype).itemsize) * int(count)
@@ -110,6 +113,9 @@ class CheckedReader(GGUFReader):
             if count * least > left:
                 raise ValueError(f"an array of {count:,} {item.name} items at byte {orig_offs:,}, more than the "
                                  f"{left:,} bytes left can hold")
+            if item == GGUFValueType.ARRAY and count > self.MOST_NESTED:
+                raise ValueError(f"an array of {count:,} arrays at byte {orig_offs:,}; no GGUF key holds more "
+                                 f"than {self.MOST_NESTED:,}")
         return super()._get_field_parts(orig_offs, raw_type)
 
 

@@ -16,7 +16,7 @@ from tokenizers import AddedToken, Regex
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, processors
 
-from ..errors import where
+from ..errors import NoTokenizer, where
 from . import spm
 from .spm import BYTE, CONTROL, NORMAL, UNKNOWN, UNUSED, USER_DEFINED  # noqa: F401  (llama.cpp's token types)
 
@@ -96,6 +96,8 @@ class GGUFVocab:
     def read(cls, f) -> GGUFVocab:
         """From a file's metadata (``gguf.GGUFFields``), every array checked against the token count."""
         model = f.get(Keys.Tokenizer.MODEL, str)
+        if model is None:
+            raise NoTokenizer(f"{f.path}: carries no tokenizer ({Keys.Tokenizer.MODEL} is absent)")
         if model not in ("gpt2", "llama"):
             raise where(f.path, f"tokenizer model '{model}' is not supported (byte-level BPE 'gpt2', "
                                 "SentencePiece 'llama')")

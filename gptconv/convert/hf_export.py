@@ -7,12 +7,14 @@ cannot drift from import. Tied weights are stored once, as transformers stores t
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
 import torch
 
 from ..errors import where
+from ..files import regular_file
 from . import hf_family
 from .export import ExportedFile, Narrowing, Stored, Weights, WriteBehind, sha256_file
 from .safetensors_writer import SafetensorsWriter
@@ -71,7 +73,9 @@ def write_hf_folder(weights: Weights, src, tokenizer, folder: Path, dtype: torch
 
 def _write_tokenizer(src, tokenizer, folder: Path) -> list[ExportedFile]:
     if src.format == "hf":  # the checkpoint's own files, byte for byte
-        names = [n for n in TOKENIZER_FILES if (src.path / n).is_file()]
+        names = [n for n in TOKENIZER_FILES if os.path.lexists(src.path / n)]
+        for n in names:
+            regular_file(src.path / n)  # a FIFO or a device is refused, not skipped
         for n in names:
             shutil.copyfile(src.path / n, folder / n)
         return [_describe(folder / n) for n in names]
