@@ -1,26 +1,67 @@
-"""Seeded mutation fuzzing of the loaders: ``python fuzz.py WORKDIR CASES SEED``.
+"""Seeded mutation fuzzing of the loaders: ``python fuzz.py WORKDIR CASES SEED [ONLY]``.
 
-Mutates small valid files (a safetensors checkpoint, a GGUF file, a config.json) by byte flips,
-truncations and length-field changes, and loads each with ``gptconv.load``. Every case must end in
-a GptconvError or a successful load, within TIME_LIMIT seconds; anything else is reported. Prints a
-JSON summary: per format, how many cases ended how.
+WORKDIR holds what test_fuzz.py puts there: ``safetensors/`` (a GPT-2 folder), ``llama/`` (a Llama
+folder), ``model.gguf``, and optionally ``sharded/`` (a sharded safetensors folder). ONLY: a
+comma-separated list of case numbers to run alone (the others are still generated, so each case
+is the same as in the full run): how a failure is reproduced.
+
+Case classes, in turn:
+
+- ``safetensors``, ``gguf``, ``config``, ``llama-config``: byte flips, truncations and length-field
+  changes of a weights file, and wrong values, types and deletions in a config.json.
+- ``special-file``: a side file of a checkpoint folder (config.json, the tokenizer files, the
+  weights or a sharded folder's index or a shard), or the GGUF file itself, replaced by a FIFO, a
+  link to /dev/zero, a link to nothing, a link to itself, or a folder.
+- ``json-extreme``: a value of config.json, tokenizer_config.json, tokenizer.json or a shard index
+  replaced by a list or object nested 500 … 200,000 deep, an integer or float of thousands of
+  digits, or NaN / Infinity.
+- ``gguf-array``: the count (u64) of one array in a GGUF file that carries a tokenizer (and a
+  nested array) set to a hostile value (2^32, 2^40, 2^63-1, the file's length, …).
+- ``tokenizer-code``: a tokenizer.json whose pre-tokenizer, normalizer or decoder runs a regex that
+  backtracks past Oniguruma's limit (a Rust panic), and chat templates that loop, allocate, recurse,
+  render without end or try to leave the sandbox, in a folder or a GGUF file.
+
+Cases of the last four classes do not only load the model but also the tokenizer, encode a text,
+decode the ids and render the chat template. Every case must end in a GptconvError or a success,
+within TIME_LIMIT seconds (a SIGALRM ends a case stuck in Python code: outcome "hang"; a watchdog
+ends the run if one is stuck where no signal reaches), under an address-space limit. Prints a JSON
+summary: per class, how many cases of each kind ended how.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import json
+import os
 import random
 import resource
 import shutil
+import signal
 import struct
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
 
+from fuzz_hostile import (ABSENT_SIDE_FILES, SIDE_FILES, SPECIAL_KINDS, TEMPLATES, TEXT, TOKENIZER_ORDER,
+                          base_tokenizer_json, costly, extreme_literal, gguf_with_kvs, hostile_tokenizer_json,
+                          make_special, mutate_array_count, put_raw, put_template, tokenizer_kvs)
+
 TIME_LIMIT = 20.0
 MEMORY_LIMIT = 8 << 30  # address space: a loader that tries to allocate a lie gets MemoryError, not the machine
+NATIVE_LIMIT = TIME_LIMIT + 15  # a case still running then is stuck where SIGALRM cannot reach: the run ends
+# gptconv cuts a chat template's rendering after chat_template.SECONDS (5 s); the fuzz lowers that to keep
+# its looping templates cheap: the same deadline code runs, just sooner
+TEMPLATE_SECONDS = 1.0
 
+CLASSES = ("safetensors", "gguf", "config", "llama-config", "special-file", "json-extreme", "gguf-array",
+           "tokenizer-code")
+MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Byte and value mutations (the first four classes)
 
 def mutate(data: bytes, rng: random.Random, hot: int) -> tuple[bytes, str]:
     """One mutation; ``hot``: how many leading bytes are header (mutated more often)."""
@@ -65,57 +106,211 @@ def mutate_config(text: str, rng: random.Random) -> tuple[bytes, str]:
     return json.dumps(data).encode(), kind
 
 
-def main(workdir: Path, cases: int, seed: int) -> dict:
-    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+# ---------------------------------------------------------------------------------------------------
+# Running a case
+
+class CaseHang(BaseException):
+    """SIGALRM: the case ran past TIME_LIMIT."""
+
+
+def _alarm(signum, frame):
+    raise CaseHang()
+
+
+def exercise(target: Path, text: str, tokenizer: bool) -> tuple[str, list[str]]:
+    """Load ``target``; with ``tokenizer`` also its tokenizer: encode ``text``, decode the ids, render the
+    chat template. The outcome ("loaded": every step succeeded, "error": one ended in a GptconvError,
+    "other": one raised anything else) and a description of each "other"."""
     import gptconv
     from gptconv.errors import GptconvError
+    outcome, problems = "loaded", []
+
+    def attempt(step, fn):
+        nonlocal outcome
+        try:
+            return fn(), True
+        except CaseHang:
+            raise
+        except GptconvError:
+            outcome = "error" if outcome == "loaded" else outcome
+        except BaseException as e:  # noqa: BLE001 - the point is to catch anything
+            outcome = "other"
+            problems.append(f"{step}: {type(e).__name__}: {str(e)[:300]}\n{traceback.format_exc(limit=-6)}")
+        return None, False
+
+    attempt("load", lambda: gptconv.load(target))
+    if tokenizer:
+        tok, ok = attempt("load_tokenizer", lambda: gptconv.load_tokenizer(str(target)))
+        if ok:
+            ids, ok = attempt("encode", lambda: tok.encode(text))
+            if ok:
+                attempt("decode", lambda: tok.decode(ids))
+            if tok.chat_template is not None:
+                attempt("apply_chat_template", lambda: tok.apply_chat_template(MESSAGES))
+    return outcome, problems
+
+
+class Watchdog:
+    """Ends the run when a case is stuck where SIGALRM cannot reach it (native code that never returns to
+    Python): prints the result so far, with the stuck case as a failure, and every thread's stack."""
+
+    def __init__(self, result: dict) -> None:
+        self.result, self.current = result, None
+        self.stderr = os.dup(2)  # gptconv holds fd 2 during tokenizer calls (tokenizer.rust_panics)
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(0.5)
+            current = self.current
+            if current is not None and time.monotonic() - current[1] > NATIVE_LIMIT:
+                message = (f"{current[0]}: still running after {NATIVE_LIMIT:.0f}s, out of SIGALRM's reach (hang) "
+                           f"{current[2]}")
+                self.result["failures"].append(message)
+                self.result["aborted"] = True
+                os.write(self.stderr, f"fuzz: {message}; its stacks:\n".encode())
+                faulthandler.dump_traceback(file=self.stderr, all_threads=True)
+                os.write(1, (json.dumps(self.result) + "\n").encode())
+                os._exit(3)
+
+
+def main(workdir: Path, cases: int, seed: int, only: set[int] | None = None) -> dict:
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a mutated path must never turn into a download
+    os.environ["RUST_BACKTRACE"] = "0"  # a panic (tokenizer-code) with no backtrace to resolve and print
+    import gptconv.chat_template
+    import jinja2.sandbox  # noqa: F401 - imported once here, not in each template's process (~20 ms a case)
+    gptconv.chat_template.SECONDS = TEMPLATE_SECONDS
     rng = random.Random(seed)
     st_folder, gguf_file, llama_folder = workdir / "safetensors", workdir / "model.gguf", workdir / "llama"
+    sharded = workdir / "sharded"
+    folders = {"safetensors": st_folder, "llama": llama_folder, **({"sharded": sharded} if sharded.is_dir() else {})}
     originals = {"safetensors": (st_folder / "model.safetensors").read_bytes(),
                  "gguf": gguf_file.read_bytes(), "config": (st_folder / "config.json").read_text(),
                  "llama-config": (llama_folder / "config.json").read_text()}
     hot = {"safetensors": 8 + struct.unpack("<Q", originals["safetensors"][:8])[0], "gguf": 8192}
+    tokenizer_json = {name: base_tokenizer_json(folder) for name, folder in folders.items()}
+    gguf_tok = gguf_with_kvs(originals["gguf"], tokenizer_kvs(llama_folder, TEMPLATES["template-ok"][0]))
     summary: dict[str, dict[str, int]] = {}
-    failures = []
+    failures: list[str] = []
+    seconds: dict[str, float] = {}  # per class, making and running its cases
+    slowest: list[tuple[float, str]] = []  # the five slowest cases, what each took
+    result = {"cases": cases, "seed": seed, "summary": summary, "failures": failures, "seconds": seconds,
+              "slowest": slowest}
+    watchdog = Watchdog(result)
+    signal.signal(signal.SIGALRM, _alarm)
+
+    def hf_case(case: Path) -> str:
+        """A copy of one of the folders, with a tokenizer.json; its name."""
+        name = rng.choice(sorted(folders))
+        shutil.copytree(folders[name], case)
+        (case / "tokenizer.json").write_text(tokenizer_json[name])
+        return name
+
     for n in range(cases):
-        fmt = ("safetensors", "gguf", "config", "llama-config")[n % 4]
+        cls, index = CLASSES[n % len(CLASSES)], n // len(CLASSES)  # index: the case's number in its class
+        made = time.monotonic()
         case = workdir / f"case-{n}"
-        if fmt == "gguf":
+        if case.exists():  # left by a run the watchdog ended
+            shutil.rmtree(case)
+        text, tokenizer, detail = TEXT, cls in CLASSES[4:], ""
+        if cls == "gguf":
             case.mkdir()
             data, kind = mutate(originals["gguf"], rng, hot["gguf"])
             target = case / "model.gguf"
             target.write_bytes(data)
-        elif fmt == "llama-config":
+        elif cls == "llama-config":
             shutil.copytree(llama_folder, case)
             data, kind = mutate_config(originals["llama-config"], rng)
             (case / "config.json").write_bytes(data)
             target = case
-        else:
+        elif cls in ("safetensors", "config"):
             shutil.copytree(st_folder, case)
-            if fmt == "safetensors":
+            if cls == "safetensors":
                 data, kind = mutate(originals["safetensors"], rng, hot["safetensors"])
                 (case / "model.safetensors").write_bytes(data)
             else:
                 data, kind = mutate_config(originals["config"], rng)
                 (case / "config.json").write_bytes(data)
             target = case
+        elif cls == "special-file":
+            kind = rng.choice(SPECIAL_KINDS)
+            if rng.random() < 0.15:  # the GGUF file itself
+                case.mkdir()
+                target = case / "model.gguf"
+                make_special(target, kind)
+                detail = "model.gguf"
+            else:
+                name = hf_case(case)
+                weights = sorted(p.name for p in case.glob("*.safetensors"))
+                choices = [*SIDE_FILES, *SIDE_FILES, *ABSENT_SIDE_FILES] + (
+                    ["model.safetensors.index.json"] * 3 + weights if name == "sharded" else ["model.safetensors"] * 2)
+                victim = rng.choice(choices)
+                if victim in ("vocab.json", "merges.txt"):
+                    (case / "tokenizer.json").unlink()  # else they are never read
+                make_special(case / victim, kind)
+                target, detail = case, f"{name}/{victim}"
+        elif cls == "json-extreme":
+            name = hf_case(case)
+            victim = rng.choice(["config.json", "config.json", "tokenizer_config.json", "tokenizer.json"]
+                                + (["model.safetensors.index.json"] if name == "sharded" else []))
+            kind, raw, size = extreme_literal(rng)
+            data, place = put_raw((case / victim).read_text(), raw, rng)
+            (case / victim).write_bytes(data)
+            target, detail = case, f"{name}/{victim} at {place}: {size}"
+        elif cls == "gguf-array":
+            case.mkdir()
+            data, kind, detail = mutate_array_count(gguf_tok, rng, costly("fits", index))
+            target = case / "model.gguf"
+            target.write_bytes(data)
+        else:  # tokenizer-code
+            kind = next((k for k in ("template-loop", "template-double") if costly(k, index)),
+                        TOKENIZER_ORDER[index % len(TOKENIZER_ORDER)])
+            if kind.startswith("template-"):
+                template = rng.choice(TEMPLATES[kind])
+                if rng.random() < 0.25:  # in a GGUF file's tokenizer.chat_template
+                    case.mkdir()
+                    target = case / "model.gguf"
+                    target.write_bytes(gguf_with_kvs(originals["gguf"], tokenizer_kvs(llama_folder, template)))
+                    detail = f"model.gguf: {template[:60]!r}"
+                else:
+                    name = hf_case(case)
+                    target, detail = case, f"{name}/{put_template(case, template, rng)}: {template[:60]!r}"
+            else:
+                name = hf_case(case)
+                spec, text, detail = hostile_tokenizer_json(tokenizer_json[name], kind, rng)
+                (case / "tokenizer.json").write_text(spec)
+                target, detail = case, f"{name}/tokenizer.json: {detail}"
+        if only is not None and n not in only:
+            shutil.rmtree(case)
+            continue
+        label = f"case {n} ({cls}/{kind}{'; ' + detail if detail else ''})"
+        rerun = f"(rerun alone: fuzz.py WORKDIR {cases} {seed} {n})"
+        watchdog.current = (label, time.monotonic(), rerun)
         start = time.monotonic()
         try:
-            model = gptconv.load(target)
-            outcome = "loaded"
-            del model
-        except GptconvError:
-            outcome = "error"
-        except BaseException as e:  # noqa: BLE001 - the point is to catch anything
-            outcome = "other"
-            failures.append(f"case {n} ({fmt}/{kind}): {type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}")
-        if time.monotonic() - start > TIME_LIMIT:
-            failures.append(f"case {n} ({fmt}/{kind}) took {time.monotonic() - start:.1f}s")
-        summary.setdefault(fmt, {}).setdefault(f"{kind}:{outcome}", 0)
-        summary[fmt][f"{kind}:{outcome}"] += 1
+            signal.setitimer(signal.ITIMER_REAL, TIME_LIMIT)
+            outcome, problems = exercise(target, text, tokenizer)
+        except CaseHang:
+            outcome, problems = "hang", [f"did not end in {TIME_LIMIT:g}s (stopped by SIGALRM)\n"
+                                         f"{traceback.format_exc(limit=-8)}"]
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        watchdog.current = None
+        took = time.monotonic() - start
+        if outcome != "hang" and took > TIME_LIMIT:
+            problems.append(f"took {took:.1f}s")
+        failures.extend(f"{label}: {p} {rerun}" for p in problems)
+        summary.setdefault(cls, {}).setdefault(f"{kind}:{outcome}", 0)
+        summary[cls][f"{kind}:{outcome}"] += 1
         shutil.rmtree(case)
-    return {"cases": cases, "seed": seed, "summary": summary, "failures": failures}
+        seconds[cls] = seconds.get(cls, 0.0) + time.monotonic() - made
+        slowest.append((round(took, 2), label))
+        slowest[:] = sorted(slowest, reverse=True)[:5]
+    result["seconds"] = {cls: round(t, 2) for cls, t in seconds.items()}
+    return result
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]))))
+    only = {int(x) for x in sys.argv[4].split(",")} if len(sys.argv) > 4 else None
+    print(json.dumps(main(Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), only)))

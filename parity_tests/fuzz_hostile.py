@@ -1,0 +1,273 @@
+"""The fuzz's hostile case classes (see fuzz.py): special files, extreme JSON, GGUF array counts,
+tokenizers and chat templates that panic, loop or allocate. Each function makes one case's files."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import struct
+from pathlib import Path
+
+TEXT = "Hello world! The capital of France is Paris. café 🙂 1234"  # what every tokenizer case encodes
+
+# ---------------------------------------------------------------------------------------------------
+# special-file: side files (or the GGUF file) that are not regular files
+
+SPECIAL_KINDS = ("fifo", "devzero", "dangling", "selfloop", "folder")
+SIDE_FILES = ("config.json", "tokenizer_config.json", "tokenizer.json", "vocab.json", "merges.txt")
+ABSENT_SIDE_FILES = ("special_tokens_map.json", "chat_template.jinja", "chat_template.json")  # made where none is
+
+
+def make_special(path: Path, kind: str) -> None:
+    """``path`` (removed first) as a FIFO, a link to /dev/zero, a link to nothing, a link to itself, or a folder."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        path.unlink()
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "devzero":
+        os.symlink("/dev/zero", path)
+    elif kind == "dangling":
+        os.symlink(path.with_name(path.name + ".gone"), path)
+    elif kind == "selfloop":
+        os.symlink(path.name, path)
+    else:
+        path.mkdir()
+
+
+# ---------------------------------------------------------------------------------------------------
+# json-extreme: values no real config has, written as raw JSON text
+
+PLACEHOLDER = "\x00fuzz-placeholder\x00"
+
+
+def extreme_literal(rng: random.Random) -> tuple[str, str, str]:
+    """(kind, raw JSON text, short description)."""
+    kind = rng.choice(["deep-list", "deep-list", "deep-dict", "bigint", "bigfloat", "nan"])
+    if kind in ("deep-list", "deep-dict"):
+        depth = rng.choice([500, 990, 10_000, 50_000, 200_000])
+        if kind == "deep-list":
+            return kind, "[" * depth + rng.choice(["", "1", '"x"']) + "]" * depth, f"depth {depth:,}"
+        return kind, '{"a":' * depth + "1" + "}" * depth, f"depth {depth:,}"
+    if kind == "bigint":
+        digits = rng.choice([5_000, 20_000, 200_000])
+        return kind, rng.choice(["", "-"]) + "9" * digits, f"{digits:,} digits"
+    if kind == "bigfloat":
+        digits = rng.choice([5_000, 50_000])
+        return kind, rng.choice(["1" + "0" * digits + ".5", "0." + "0" * digits + "1", f"1e{digits}"]), f"{digits:,} digits"
+    literal = rng.choice(["NaN", "Infinity", "-Infinity"])
+    return kind, literal, literal
+
+
+def put_raw(text: str, raw: str, rng: random.Random) -> tuple[bytes, str]:
+    """``text`` (JSON) with one value, at a random place (top level or deeper), replaced by ``raw``; the
+    whole document now and then. Returns the new bytes and the path of the value replaced."""
+    data = json.loads(text)
+    if rng.random() < 0.1 or not isinstance(data, (dict, list)) or not data:
+        return raw.encode(), "(the whole file)"
+    node, path = data, []
+    while True:
+        key = rng.choice(sorted(node)) if isinstance(node, dict) else rng.randrange(len(node))
+        path.append(key)
+        child = node[key]
+        if isinstance(child, (dict, list)) and child and rng.random() < 0.5:
+            node = child
+            continue
+        node[key] = PLACEHOLDER
+        break
+    out = json.dumps(data).replace(json.dumps(PLACEHOLDER), raw, 1)
+    return out.encode(), "/".join(str(k) for k in path)
+
+
+# ---------------------------------------------------------------------------------------------------
+# GGUF metadata written by hand: a tokenizer (with arrays) added to a model file, and the arrays found again
+
+STRING, ARRAY, UINT32, INT32, FLOAT32 = 8, 9, 4, 5, 6
+SCALAR_SIZE = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+LEAST_ITEM = {STRING: 8, ARRAY: 12}  # what CheckedReader takes as an item's least size
+
+
+def _str(s: str) -> bytes:
+    b = s.encode()
+    return struct.pack("<Q", len(b)) + b
+
+
+def _kv(key: str, vtype: int, payload: bytes) -> bytes:
+    return _str(key) + struct.pack("<I", vtype) + payload
+
+
+def _array(item_type: int, items: list[bytes]) -> bytes:
+    return struct.pack("<IQ", item_type, len(items)) + b"".join(items)
+
+
+def gguf_with_kvs(data: bytes, kvs: list[bytes]) -> bytes:
+    """The GGUF file ``data`` with the metadata entries ``kvs`` put right after its header. They are
+    padded (with one more string entry) to a multiple of 32 bytes, the default alignment, so the tensor
+    data, which starts at the next aligned offset after the tensor infos, keeps its alignment."""
+    blob = b"".join(kvs)
+    pad_len = -(len(blob) + len(_kv("fuzz.pad", STRING, _str("")))) % 32
+    blob += _kv("fuzz.pad", STRING, _str(" " * pad_len))
+    magic, version, n_tensors, n_kv = struct.unpack("<IIQQ", data[:24])
+    return struct.pack("<IIQQ", magic, version, n_tensors, n_kv + len(kvs) + 1) + blob + data[24:]
+
+
+def tokenizer_kvs(folder: Path, chat_template: str | None) -> list[bytes]:
+    """A byte-level BPE tokenizer (the folder's vocab.json and merges.txt) as GGUF metadata, with an
+    array of arrays and an f32 array beside it."""
+    vocab = json.loads((folder / "vocab.json").read_text())
+    merges = [m for m in (folder / "merges.txt").read_text().splitlines() if m and not m.startswith("#")][:24]
+    # the special token, the 256 bytes, then one token per merge, in merge order: the vocabulary of the
+    # first 24 merges (small, so that each case parses it quickly)
+    tokens = sorted(vocab, key=vocab.get)[:257 + len(merges)]
+    kvs = [
+        _kv("tokenizer.ggml.model", STRING, _str("gpt2")),
+        _kv("tokenizer.ggml.pre", STRING, _str("gpt-2")),
+        _kv("tokenizer.ggml.tokens", ARRAY, _array(STRING, [_str(t) for t in tokens])),
+        _kv("tokenizer.ggml.token_type", ARRAY,
+            _array(INT32, [struct.pack("<i", 3 if t == "<|endoftext|>" else 1) for t in tokens])),
+        _kv("tokenizer.ggml.merges", ARRAY, _array(STRING, [_str(m) for m in merges])),
+        _kv("tokenizer.ggml.bos_token_id", UINT32, struct.pack("<I", vocab["<|endoftext|>"])),
+        _kv("tokenizer.ggml.eos_token_id", UINT32, struct.pack("<I", vocab["<|endoftext|>"])),
+        _kv("fuzz.nested", ARRAY, _array(ARRAY, [_array(UINT32, [struct.pack("<I", i) for i in range(n)])
+                                                 for n in (3, 0, 5)])),
+        _kv("fuzz.floats", ARRAY, _array(FLOAT32, [struct.pack("<f", i / 7) for i in range(6)])),
+    ]
+    if chat_template is not None:
+        kvs.append(_kv("tokenizer.chat_template", STRING, _str(chat_template)))
+    return kvs
+
+
+def gguf_arrays(data: bytes) -> list[tuple[str, int, int, int]]:
+    """Every array in a GGUF file's metadata, nested ones too: (key, offset of its u64 count, its count,
+    the largest count CheckedReader's size check lets through there)."""
+    n_kv = struct.unpack_from("<Q", data, 16)[0]
+    pos, found = 24, []
+
+    def value(vtype: int, pos: int, key: str) -> int:
+        if vtype == STRING:
+            return pos + 8 + struct.unpack_from("<Q", data, pos)[0]
+        if vtype == ARRAY:
+            item, count = struct.unpack_from("<IQ", data, pos)
+            least = LEAST_ITEM.get(item) or SCALAR_SIZE[item]
+            found.append((key, pos + 4, count, (len(data) - pos - 12) // least))
+            pos += 12
+            for i in range(count):
+                pos = value(item, pos, f"{key}[{i}]")
+            return pos
+        return pos + SCALAR_SIZE[vtype]
+
+    for _ in range(n_kv):
+        n = struct.unpack_from("<Q", data, pos)[0]
+        key = data[pos + 8:pos + 8 + n].decode()
+        vtype = struct.unpack_from("<I", data, pos + 8 + n)[0]
+        pos = value(vtype, pos + 12 + n, key)
+    return found
+
+
+def mutate_array_count(data: bytes, rng: random.Random, costly: bool) -> tuple[bytes, str, str]:
+    """``costly``: set the count to the largest one the reader's size check lets through, so that it parses
+    the rest of the file as made-up items (~0.5 s a read here), else to one of the cheap hostile values."""
+    key, offset, count, fits = rng.choice(gguf_arrays(data))
+    values = [("2^32", 2**32), ("2^40", 2**40), ("2^63-1", 2**63 - 1), ("2^64-1", 2**64 - 1), ("file-length", len(data)),
+              ("count+1", count + 1), ("count-1", max(count - 1, 0)), ("0", 0)]
+    kind, value = ("fits", fits) if costly else rng.choice(values)
+    b = bytearray(data)
+    b[offset:offset + 8] = struct.pack("<Q", value)
+    return bytes(b), kind, f"{key}: count {count:,} -> {value:,}"
+
+
+# ---------------------------------------------------------------------------------------------------
+# tokenizer-code: regexes that backtrack past Oniguruma's limit, chat templates that do not end well
+
+# (pattern, a text it backtracks on): each makes the tokenizers library panic ("retry-limit-in-match over")
+BACKTRACKING = [
+    ("(a+)+b", "a" * 40 + "c"),
+    (r"(\w+\s?)*$", "word " * 200 + "!"),
+    ("(x+x+)+y", "x" * 60),
+    ("(a|aa)+$", "a" * 60 + "b"),
+    (r"^(\d+)+$", "1" * 60 + "x"),
+]
+TEMPLATES = {  # kind → templates (how often each kind comes: TOKENIZER_KINDS, COSTLY)
+    "template-alloc": ["{{ 'x' * 2000000000 }}", "{% set s = 'ab' * 1000000000 %}{{ s | length }}",
+                       "{{ 'x' * 10 ** 12 }}", "{{ 'x' * 10 ** 20 }}", "{{ (range(100000) | list) * 100000 }}"],
+    "template-double": ["{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}"
+                        "{% endfor %}{{ ns.s | length }}"],
+    "template-recurse": ["{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}"],
+    "template-output": ["{% for i in range(100000) %}{{ 'y' * 1000 }}{% endfor %}"],
+    "template-escape": ["{{ ''.__class__.__mro__[1].__subclasses__() }}", "{{ messages.append(1) }}",
+                        "{{ cycler.__init__.__globals__.os.system('true') }}"],
+    "template-error": ["{{ raise_exception('refused') }}", "{% for %}", "{{ messages[10].content }}",
+                       "{{ 1 / 0 }}"],
+    "template-ok": ["{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{{ eos_token }}{% endfor %}"
+                    "{% if add_generation_prompt %}<|assistant|>{% endif %}"],
+    "template-loop": ["{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+                      "{% set ns = namespace(n=0) %}{% for i in range(100000) %}{% for j in range(100000) %}"
+                      "{% set ns.n = ns.n + 1 %}{% endfor %}{% endfor %}{{ ns.n }}"],
+}
+# How often each kind comes: in each run of sum(weights) cases of the class, every kind its weight's number
+# of times, interleaved (a backtracking regex takes ~70 ms to reach Oniguruma's retry limit, the others
+# milliseconds). So every kind is in the default 300 cases, whatever the seed; the seed picks the variants.
+# The costly kinds take the place of that schedule now and then, kind → (every, at): the class's cases
+# number at, at + every, at + 2 * every, ….
+# A looping template is cut after TEMPLATE_SECONDS (one in the default 300 cases); a doubling one takes
+# ~0.6 s to reach gptconv's memory bound (none in 300 cases, one in 1,000); a GGUF array count that fits
+# (see mutate_array_count) makes each of the two reads walk the rest of the file (one in 300).
+TOKENIZER_KINDS = {"split-panic": 4, "normalizer-panic": 1, "decoder-panic": 1, "bad-regex": 2,
+                   "template-alloc": 6, "template-recurse": 2, "template-output": 2, "template-escape": 3,
+                   "template-error": 3, "template-ok": 3}
+COSTLY = {"template-loop": (40, 20), "template-double": (80, 73), "fits": (40, 12)}
+TOKENIZER_ORDER = [k for _, k in sorted(((i + 0.5) / w, k) for k, w in TOKENIZER_KINDS.items() for i in range(w))]
+
+
+def costly(kind: str, index: int) -> bool:
+    every, at = COSTLY[kind]
+    return index % every == at
+
+
+def hostile_tokenizer_json(base: str, kind: str, rng: random.Random) -> tuple[str, str, str]:
+    """(tokenizer.json text, text to encode, description)."""
+    spec = json.loads(base)
+    if kind == "bad-regex":
+        pattern, text = rng.choice(["(", "a{2,1}", "[z-a]", "(?<=a+)b", "\\"]), TEXT
+    else:
+        pattern, text = rng.choice(BACKTRACKING)
+    regex = {"Regex": pattern}
+    if kind in ("split-panic", "bad-regex"):
+        split = {"type": "Split", "pattern": regex, "behavior": "Isolated", "invert": False}
+        spec["pre_tokenizer"] = rng.choice([split, {"type": "Sequence", "pretokenizers": [
+            split, {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]}])
+    elif kind == "normalizer-panic":
+        spec["normalizer"] = {"type": "Replace", "pattern": regex, "content": "z"}
+    else:  # the decoder runs on decode(): the ids of the text decode to the text, which it backtracks on
+        spec["decoder"] = {"type": "Sequence", "decoders": [spec["decoder"],
+                                                            {"type": "Replace", "pattern": regex, "content": "z"}]}
+    return json.dumps(spec), text, f"pattern {pattern!r} on {len(text)} characters"
+
+
+def base_tokenizer_json(folder: Path) -> str:
+    """The folder's GPT-2 vocabulary (vocab.json, merges.txt) as a tokenizer.json, the way HF saves one."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+    tk = Tokenizer(models.BPE.from_file(str(folder / "vocab.json"), str(folder / "merges.txt")))
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    tk.post_processor = processors.ByteLevel(trim_offsets=False)
+    tk.add_special_tokens(["<|endoftext|>"])
+    return tk.to_str()
+
+
+def put_template(folder: Path, template: str, rng: random.Random) -> str:
+    """``template`` where transformers looks for one: tokenizer_config.json (a string, or the default of
+    a named list), else chat_template.jinja. Returns where."""
+    where = rng.choice(["tokenizer_config", "tokenizer_config", "named-list", "chat_template.jinja"])
+    if where == "chat_template.jinja":
+        (folder / "chat_template.jinja").write_text(template)
+        return where
+    path = folder / "tokenizer_config.json"
+    config = json.loads(path.read_text())
+    config["chat_template"] = template if where == "tokenizer_config" else [
+        {"name": "tool_use", "template": "{{ 'unused' }}"}, {"name": "default", "template": template}]
+    path.write_text(json.dumps(config))
+    return where
