@@ -19,7 +19,7 @@ def load_tokenizer(source: str):
     folder, to llama.cpp's for a GGUF file (a vocabulary-only GGUF file of any architecture too)."""
     from pathlib import Path
     if str(source).endswith(".gguf") and Path(source).is_file():
-        from .convert.gguf import read_fields
+        from .sources.gguf_file import read_fields
         from .tokenizer import gguf_tokenizer
         return gguf_tokenizer(read_fields(Path(source)))
     from .tokenizer import load_tokenizer as _load

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import torch
 
-from .convert.checkpoint import open_hf_folder, read_safetensors, read_torch_bin
+from .sources.hf_folder import open_hf_folder, read_safetensors, read_torch_bin
 from .errors import GptconvError, NoTokenizer, where
-from .files import check_output
+from .output import check_output
 from .loader import Source, load_source, open_source, parse_dtype
 from .reference import (gguf_config_disagreements, parity_inputs, read_reference, reference_steps, save_reference,
                         transformers_model)
@@ -205,7 +205,7 @@ def inspect_path(path: Path) -> Inspection:
         from safetensors import safe_open
         meta = safe_open(str(path), framework="pt").metadata() or {}
     elif path.suffix == ".gguf":
-        from .convert.gguf import open_gguf
+        from .sources.gguf_file import open_gguf
         g = open_gguf(path)
         meta = {k: _short(f) for k, f in g.fields.reader.fields.items() if not k.startswith("GGUF.")}
         tensors = [(n, g.stored_types[n], i.shape) for n, i in sorted(g.tensors.items())]

@@ -14,12 +14,12 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from .convert import HF_FAMILIES, KeyMap, Plan, TensorInfo, model_shapes
-from .convert.checkpoint import open_hf_folder
-from .convert.gguf import GGUF_ARCHS, GGUFCheckpoint, open_gguf
-from .convert.hub import fetch, repo_id_for
+from .convert import GGUF_ARCHS, HF_FAMILIES, KeyMap, Plan, TensorInfo, model_shapes
+from .sources.hf_folder import open_hf_folder
+from .sources.gguf_file import GGUFFile, open_gguf
+from .sources.hub import fetch, repo_id_for
 from .errors import GptconvError
-from .files import UNLIMITED, regular_file
+from .sources.files import UNLIMITED, regular_file
 from .models import build_empty
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "f32": torch.float32,
@@ -49,7 +49,7 @@ class Source:
     files: list[Path]
     stored_types: dict[str, str]  # tensor name → dtype as stored (float32, Q4_1, …)
     hf_config: dict[str, Any] | None = None
-    gguf: GGUFCheckpoint | None = None
+    gguf: GGUFFile | None = None
     layout: str = ""  # which key layout the tensors came in, set by the strict load
 
     @property
@@ -83,8 +83,13 @@ def open_source(source: str | Path, revision: str | None = None, prefer_cache: b
             raise GptconvError(f"{path}: a single file loads only as .gguf; for HF weights give the folder "
                                "with config.json")
         g = open_gguf(path)
-        keymap = GGUF_ARCHS[g.fields.arch][1](g.config)
-        return Source(str(source), path, repo_id, "gguf", g.config, keymap, g.tensors, [path], g.stored_types, gguf=g)
+        if g.fields.arch not in GGUF_ARCHS:
+            raise GptconvError(f"{path}: GGUF architecture '{g.fields.arch}' is not supported "
+                               f"(supported: {', '.join(GGUF_ARCHS)})")
+        config_from_gguf, keymap = GGUF_ARCHS[g.fields.arch]
+        config = config_from_gguf(g.fields, g.tensors)
+        return Source(str(source), path, repo_id, "gguf", config, keymap(config), g.tensors, [path], g.stored_types,
+                      gguf=g)
     ckpt = open_hf_folder(path, backend)
     family = HF_FAMILIES.get(ckpt.model_type)
     if family is None:

@@ -18,7 +18,8 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from .errors import GptconvError, where
-from .files import UNLIMITED, atomic_output, regular_file
+from .output import atomic_output
+from .sources.files import UNLIMITED, regular_file
 from .streaming import stream_blocks
 
 # our step name → transformers module whose output is that step ({i}: the layer)

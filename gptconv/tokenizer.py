@@ -13,9 +13,9 @@ from pathlib import Path
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, processors
 
-from .convert.checkpoint import read_json_object, token_content
+from .sources.hf_folder import read_json_object, token_content
 from .errors import GptconvError, NoTokenizer, where
-from .files import read_text, regular_file
+from .sources.files import read_text, regular_file
 
 
 @contextlib.contextmanager

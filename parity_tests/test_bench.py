@@ -6,7 +6,7 @@ from __future__ import annotations
 import shutil
 
 from gptconv.bench.__main__ import bench_model, table
-from gptconv.convert.export import export
+from gptconv.writers import export
 
 
 def test_every_case_runs_and_reports(ckpts, tmp_path):

@@ -9,7 +9,7 @@ import torch
 from safetensors import safe_open
 
 import gptconv
-from gptconv.convert.export import export
+from gptconv.writers import export
 from gptconv.errors import GptconvError
 from helpers import hf_model, random_ids, run_cli
 from test_gpt2_parity import FP32_ATOL
@@ -44,7 +44,7 @@ def test_llama_hf_round_trip_is_bit_exact(llamas, tmp_path, name):
 
 def test_sharded_export_loads_in_transformers(llamas, tmp_path):
     out = tmp_path / "sharded"
-    _hf_round_trip(llamas["llama2-mha"], out, max_shard_size="100KB")
+    _hf_round_trip(llamas["llama2-mha"], out, max_shard_bytes=100_000)
     index = json.loads((out / "model.safetensors.index.json").read_text())
     assert len(set(index["weight_map"].values())) > 1
 
@@ -131,12 +131,12 @@ def test_inspect_reads_what_export_writes(ckpts, tmp_path):
     assert tensors["blk.0.ffn_up.weight"]["dtype"] == "Q8_0" and tensors["blk.0.attn_norm.weight"]["dtype"] == "F32"
 
 
-@pytest.mark.parametrize("fmt,shard", [("gguf", "5GB"), ("safetensors", "5GB"), ("safetensors", "100KB")])
+@pytest.mark.parametrize("fmt,shard", [("gguf", 5 * 10**9), ("safetensors", 5 * 10**9), ("safetensors", 100_000)])
 def test_reported_sha256_is_the_files(llamas, tmp_path, fmt, shard):
     """The sha256 is taken on another thread while the file is written: it must still be the file's."""
-    from gptconv.convert.export import sha256_file
+    from gptconv.output import sha256_file
     out = tmp_path / ("m.gguf" if fmt == "gguf" else "m")
-    summary = export(str(llamas["llama3-gqa"]), out, fmt, "f32", max_shard_size=shard)
+    summary = export(str(llamas["llama3-gqa"]), out, fmt, "f32", max_shard_bytes=shard)
     for f in summary.files:
         path = out if fmt == "gguf" else out / f.name
         assert f.sha256 == sha256_file(path) and f.bytes == path.stat().st_size, f.name
@@ -148,7 +148,7 @@ def test_reported_sha256_is_the_files(llamas, tmp_path, fmt, shard):
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
 def test_narrowing_finds_every_non_finite_value(src_dtype, dtype, bad):
     """The check is one aminmax per chunk (NaN propagates through it); a value anywhere is found."""
-    from gptconv.convert.export import Narrowing
+    from gptconv.writers.tensors import Narrowing
     narrow = Narrowing("m", clamp=False)
     narrow.CHUNK = 1000  # many chunks, with a ragged last one
     for shape, pos in [((37, 100), (0, 0)), ((37, 100), (20, 57)), ((37, 100), (36, 99)), ((5003,), (5002,))]:
@@ -170,7 +170,7 @@ def test_narrowing_finds_every_non_finite_value(src_dtype, dtype, bad):
 
 
 def test_narrowing_to_float16_range():
-    from gptconv.convert.export import Narrowing
+    from gptconv.writers.tensors import Narrowing
     t = torch.randn(64, 64)
     t[10, 3] = -7e4
     with pytest.raises(GptconvError, match=r"\|w\| = 70000 > 65504"):

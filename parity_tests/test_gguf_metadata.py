@@ -7,7 +7,7 @@ import json
 import pytest
 from gguf import GGUFReader
 
-from gptconv.convert.export import export
+from gptconv.writers import export
 
 
 def fields(path) -> dict:

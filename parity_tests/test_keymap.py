@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from gptconv.convert import GPT2_HF, TensorInfo, model_shapes
-from gptconv.convert.checkpoint import open_hf_folder
+from gptconv.sources.hf_folder import open_hf_folder
 from gptconv.errors import GptconvError
 from gptconv.loader import open_source
 from gptconv.models import build

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import gptconv
-from gptconv.convert.export import export
+from gptconv.writers import export
 from helpers import random_ids
 
 LLAMA_ATOL, GPT2_ATOL, MIN_TOP1 = 1e-3, 5e-3, 0.99

@@ -13,7 +13,7 @@ import gptconv
 import llama_cpp_tools
 from fixtures import CONVERTER_FIXTURES
 from gptconv.api import verify_source
-from gptconv.convert.export import export
+from gptconv.writers import export
 from gptconv.llamacpp import LlamaCpp
 from gptconv.verify import FP32
 from helpers import TORTURE, run_cli

@@ -39,5 +39,5 @@ def test_every_preset_is_counted():
 
 
 def test_every_preset_has_an_alias():
-    from gptconv.convert.hub import ALIASES
+    from gptconv.sources.hub import ALIASES
     assert set(PRESETS) <= set(ALIASES)

@@ -11,7 +11,7 @@ import pytest
 
 import gptconv
 import llama_cpp_tools
-from gptconv.convert.export import export
+from gptconv.writers import export
 from gptconv.llamacpp import LlamaCpp
 from gptconv.tokenizer import Tokenizer
 from helpers import TORTURE, run_cli

@@ -213,7 +213,7 @@ def test_bin_of_zeros(bin_folder):
 
 def test_output_that_appears_during_the_export(tmp_path):
     from gptconv.errors import GptconvError
-    from gptconv.files import atomic_output
+    from gptconv.output import atomic_output
     out = tmp_path / "model.gguf"
     with pytest.raises(GptconvError, match="appeared while"):
         with atomic_output(out, force=False) as tmp:
@@ -225,7 +225,7 @@ def test_output_that_appears_during_the_export(tmp_path):
 
 def test_output_replaced_during_a_forced_export(tmp_path):
     from gptconv.errors import GptconvError
-    from gptconv.files import atomic_output
+    from gptconv.output import atomic_output
     out = tmp_path / "model.gguf"
     out.write_bytes(b"old")
     with pytest.raises(GptconvError, match="changed while"):
@@ -238,7 +238,7 @@ def test_output_replaced_during_a_forced_export(tmp_path):
 
 
 def test_forced_export_over_what_was_there_still_works(tmp_path):
-    from gptconv.files import atomic_output
+    from gptconv.output import atomic_output
     out = tmp_path / "model.gguf"
     out.write_bytes(b"old")
     with atomic_output(out, force=True) as tmp:

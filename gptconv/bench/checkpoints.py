@@ -17,13 +17,14 @@ from pathlib import Path
 
 import torch
 
+from ..writers import SHARD_BYTES  # transformers' default max_shard_size
+
 TOKENIZER_TEXT = ["The capital of France is Paris. The capital of Italy is Rome.",
                   "def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)\n"]
 
 LLAMA3_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                  num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192, rms_norm_eps=1e-5,
                  rope_theta=500000.0, bos_token_id=128000, eos_token_id=128001, tie_word_embeddings=False)
-SHARD_BYTES = 5 * 10**9  # transformers' default max_shard_size
 
 
 def ensure(name: str, root: Path) -> Path:
@@ -35,7 +36,7 @@ def ensure(name: str, root: Path) -> Path:
     folder.mkdir(parents=True)
     {"gpt2-124m": _gpt2_124m, "smollm2-135m": _smollm2, "llama-3-8b": _llama3_8b}[name](folder)
     if name != "llama-3-8b":
-        from ..convert.export import export
+        from ..writers import export
         export(str(folder), folder / "model-f32.gguf", "gguf", "f32")
     (folder / "done").write_text("")
     return folder
@@ -49,7 +50,7 @@ def _gpt2_124m(folder: Path) -> None:
 
 
 def _smollm2(folder: Path) -> None:
-    from ..convert.export import export
+    from ..writers import export
     from ..demo import smollm2_gguf
     gguf = smollm2_gguf()
     if gguf is None:
@@ -63,7 +64,7 @@ def _llama3_8b(folder: Path) -> None:
     from accelerate import init_empty_weights
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from ..convert.safetensors_writer import SafetensorsWriter
+    from ..writers.safetensors_file import SafetensorsWriter
     config = LlamaConfig(**LLAMA3_8B, dtype="bfloat16")
     with init_empty_weights():
         shapes = [(n, tuple(p.shape)) for n, p in LlamaForCausalLM(config).named_parameters()]

@@ -111,7 +111,7 @@ def case_decode(peer: str, folder: Path, opts: dict) -> dict:
 
 
 def case_export(peer: str, folder: Path, opts: dict) -> dict:
-    from gptconv.convert.export import export
+    from gptconv.writers import export
     out = Path(opts["out"])
     if out.exists():  # a fresh destination, as cp gets
         shutil.rmtree(out) if out.is_dir() else out.unlink()

@@ -8,6 +8,7 @@ Exit status: 0 success; 1 a parity check failed; 2 bad input or usage (one line 
 from __future__ import annotations
 
 import json
+import re
 import os
 import sys
 import traceback
@@ -16,7 +17,7 @@ from pathlib import Path
 import click
 
 from ..errors import GptconvError
-from ..files import Terminated
+from ..output import Terminated
 from . import render
 
 
@@ -57,6 +58,25 @@ class FiniteFloat(click.FloatRange):
         if value != value:
             self.fail("nan is not a number", param, ctx)
         return value
+
+
+class ByteSize(click.ParamType):
+    """'5GB', '500MB', '2GiB', '1000000' → bytes."""
+
+    name = "size"
+    UNITS = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "KI": 2**10, "MI": 2**20, "GI": 2**30,
+             "TI": 2**40}
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int):
+            return value
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)?\s*", str(value), re.IGNORECASE)
+        if not m:
+            self.fail(f"'{value}': expected a size like 5GB or 500MB", param, ctx)
+        size = int(float(m.group(1)) * self.UNITS[(m.group(2) or "").upper().rstrip("B")])
+        if size <= 0:
+            self.fail(f"'{value}' must be positive", param, ctx)
+        return size
 
 
 def _line(e: BaseException) -> str:
@@ -209,15 +229,16 @@ def reference(source: str, output: Path, length: int | None, seed: int, dtype: s
 @click.option("--format", "fmt", required=True, type=click.Choice(["safetensors", "gguf"]))
 @click.option("--dtype", default="f32", show_default=True, type=click.Choice(["f32", "f16", "bf16", "q8_0"]))
 @click.option("-o", "--output", required=True, type=click.Path(path_type=Path))
-@click.option("--max-shard-size", default="5GB", show_default=True, help="safetensors shard limit, e.g. 500MB.")
+@click.option("--max-shard-size", "max_shard_bytes", default="5GB", show_default=True, type=ByteSize(),
+              help="safetensors shard limit, e.g. 500MB.")
 @click.option("--force", is_flag=True, help="Replace an existing output.")
 @click.option("--clamp", is_flag=True, help="Clip values beyond the float16 range instead of refusing.")
 @revision_opt
-def export(source: str, fmt: str, dtype: str, output: Path, max_shard_size: str, force: bool, clamp: bool,
+def export(source: str, fmt: str, dtype: str, output: Path, max_shard_bytes: int, force: bool, clamp: bool,
            revision: str | None) -> None:
     """Write SOURCE as an HF-layout safetensors folder or a GGUF file llama.cpp runs."""
-    from ..convert.export import export as export_
-    render.export_summary(export_(source, output, fmt, dtype, max_shard_size, force, clamp, revision))
+    from ..writers import export as export_
+    render.export_summary(export_(source, output, fmt, dtype, max_shard_bytes, force, clamp, revision))
 
 
 @cli.command()

@@ -1,10 +1,13 @@
 """Converters: checkpoints in other people's layouts → our models (and back, for export).
 
 - ``keymap``: the generic key-mapping engine and its ledger;
-- ``gpt2``: GPT-2's HF config parser and key table;
-- ``llama``: the same for the Llama family (llama, mistral, qwen2);
-- ``checkpoint``: reading a local HF folder (safetensors, shards, .bin);
-- ``hub``: fetching from the Hugging Face Hub.
+- ``gpt2``, ``llama``: one module per architecture, each with its config parsers (HF config.json,
+  GGUF metadata) and its key tables for both formats, transforms included;
+- ``hf_config``: typed reading of config.json; ``gguf_names``: llama.cpp's tensor names;
+- ``spm``, ``gguf_tokenizer``, ``hf_vocab``: tokenizer formats (SentencePiece, GGUF, an HF folder's
+  tokenizer as llama.cpp's converter writes it).
+
+Files are read in ``gptconv.sources``; this package only maps what they hold.
 """
 
 from __future__ import annotations
@@ -13,9 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .gpt2 import GPT2_HF, gpt2_config_from_hf, gpt2_config_to_hf
+from .gpt2 import GPT2_GGUF, GPT2_HF, gpt2_config_from_gguf, gpt2_config_from_hf, gpt2_config_to_hf
 from .keymap import KeyMap, Plan, TensorInfo, model_shapes
-from .llama import llama_config_from_hf, llama_config_to_hf, llama_hf_keymap
+from .llama import llama_config_from_gguf, llama_config_from_hf, llama_config_to_hf, llama_gguf_keymap, llama_hf_keymap
 
 
 @dataclass(frozen=True)
@@ -38,9 +41,16 @@ HF_FAMILIES: dict[str, HFFamily] = {
 
 
 
+# GGUF general.architecture → (config from the file's metadata and tensors, key map for that config)
+GGUF_ARCHS: dict[str, tuple[Callable[[Any, dict[str, TensorInfo]], Any], Callable[[Any], KeyMap]]] = {
+    "llama": (llama_config_from_gguf, llama_gguf_keymap),
+    "gpt2": (gpt2_config_from_gguf, lambda config: GPT2_GGUF),
+}
+
+
 def hf_family(config: Any) -> HFFamily:
     """The HF family that writes and reads ``config`` (our architecture name → an HF model_type)."""
     return HF_FAMILIES[{"gpt2": "gpt2", "llama": "llama"}[config.arch]]
 
 
-__all__ = ["GPT2_HF", "HFFamily", "HF_FAMILIES", "KeyMap", "hf_family", "Plan", "TensorInfo", "model_shapes"]
+__all__ = ["GGUF_ARCHS", "GPT2_HF", "HFFamily", "HF_FAMILIES", "KeyMap", "hf_family", "Plan", "TensorInfo", "model_shapes"]

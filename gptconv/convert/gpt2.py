@@ -1,12 +1,16 @@
-"""GPT-2 from Hugging Face: config.json → GPT2Config, and the key map onto our GPT2."""
+"""GPT-2 (HF gpt2; GGUF gpt2): config.json and GGUF metadata → GPT2Config, and the key maps of both formats."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from gguf import Keys
+
+from ..errors import where
 from ..models.gpt2 import GPT2Config
+from .gguf_names import T, gguf_name
 from .hf_config import ConfigFields, build_config
-from .keymap import TRANSPOSE, Drop, KeyMap, Map, Tied
+from .keymap import TRANSPOSE, Drop, KeyMap, Map, TensorInfo, Tied
 
 # HF activation_function → torch's F.gelu(approximate=...)
 _GELU = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu": "none"}
@@ -81,3 +85,39 @@ GPT2_HF = KeyMap(
     ],
     legacy_prefix="transformer.",
 )
+
+
+# ---------------------------------------------------------------------------------------------------
+# GGUF (llama.cpp)
+
+def gpt2_config_from_gguf(f: Any, tensors: dict[str, TensorInfo]) -> GPT2Config:
+    d = f.get(Keys.LLM.EMBEDDING_LENGTH, int)
+    vocab = f.get(Keys.LLM.VOCAB_SIZE, int, 0) or len(f.get(Keys.Tokenizer.LIST, list, []))
+    try:
+        return GPT2Config(
+            vocab_size=vocab or tensors["token_embd.weight"].shape[0],
+            context_length=f.get(Keys.LLM.CONTEXT_LENGTH, int),
+            d_model=d,
+            n_layers=f.get(Keys.LLM.BLOCK_COUNT, int),
+            n_heads=f.get(Keys.Attention.HEAD_COUNT, int),
+            d_ff=f.get(Keys.LLM.FEED_FORWARD_LENGTH, int, 4 * d),
+            norm_eps=f.get(Keys.Attention.LAYERNORM_EPS, float),
+            bos_token_id=f.get(Keys.Tokenizer.BOS_ID, int, None),
+            eos_token_id=f.get(Keys.Tokenizer.EOS_ID, int, None),
+        )
+    except (ValueError, KeyError) as e:
+        raise where(f.path, str(e)) from None
+
+
+_GPT2_GGUF_LAYER = [(T.ATTN_NORM, "norm1"), (T.ATTN_QKV, "attn.qkv"), (T.ATTN_OUT, "attn.proj"),
+                    (T.FFN_NORM, "norm2"), (T.FFN_UP, "mlp.fc"), (T.FFN_DOWN, "mlp.proj")]
+
+# llama.cpp stores GPT-2's weights (out, in) already, so nothing is transposed.
+GPT2_GGUF = KeyMap("gpt2 (GGUF)", [
+    Map(gguf_name(T.TOKEN_EMBD), "tok_emb.weight"),
+    Map(gguf_name(T.POS_EMBD), "pos_emb.weight"),
+    *(Map(gguf_name(src, p), f"blocks.{{i}}.{dst}.{p}") for src, dst in _GPT2_GGUF_LAYER for p in ("weight", "bias")),
+    Map(gguf_name(T.OUTPUT_NORM), "norm_f.weight"),
+    Map(gguf_name(T.OUTPUT_NORM, "bias"), "norm_f.bias"),
+    Tied(gguf_name(T.OUTPUT), "tok_emb.weight"),
+])

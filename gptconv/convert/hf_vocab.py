@@ -25,7 +25,7 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from ..errors import where
 from . import spm
-from .checkpoint import read_json_object, token_content
+from ..sources.hf_folder import read_json_object, token_content
 from .gguf_tokenizer import BYTE, CONTROL, ID_KEYS, NORMAL, PRE_TOKENIZER_NAMES, UNUSED, USER_DEFINED, GGUFVocab
 
 _BYTE_PIECE = re.compile(r"<0x[0-9A-Fa-f]{2}>")

@@ -1,13 +1,19 @@
-"""Llama family from Hugging Face (llama, mistral, qwen2): config.json → LlamaConfig, and the key map."""
+"""The Llama family (HF llama, mistral, qwen2; GGUF llama): config.json and GGUF metadata →
+LlamaConfig, the key maps of both formats, and llama.cpp's Q/K row permutation."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import torch
+from gguf import Keys
+
+from ..errors import where
 from ..models.llama import LlamaConfig
 from ..models.rope import RopeScaling, llama3_from_factors
+from .gguf_names import T, gguf_name
 from .hf_config import ConfigFields, build_config
-from .keymap import Drop, KeyMap, Map, Tied
+from .keymap import Drop, KeyMap, Map, TensorInfo, Tied, Transform
 
 
 def rope_from_hf(f: ConfigFields) -> tuple[float, RopeScaling | None]:
@@ -134,4 +140,97 @@ def llama_hf_keymap(config: LlamaConfig) -> KeyMap:
         Map("model.norm.weight", "norm_f.weight"),
         head,
         Drop("model.layers.{i}.self_attn.rotary_emb.inv_freq"),  # older files saved RoPE's buffer
+    ])
+
+
+# ---------------------------------------------------------------------------------------------------
+# GGUF (llama.cpp)
+
+def llama_config_from_gguf(f: Any, tensors: dict[str, TensorInfo]) -> LlamaConfig:
+    if f.get(Keys.LLM.EXPERT_COUNT, int, 0):
+        raise where(f.path, "mixture-of-experts models are not supported")
+    if f.get(Keys.Attention.SLIDING_WINDOW, int, 0):
+        raise where(f.path, "sliding-window attention is not supported")
+    heads = f.get(Keys.Attention.HEAD_COUNT, int)
+    d = f.get(Keys.LLM.EMBEDDING_LENGTH, int)
+    head_dim = f.get(Keys.Attention.KEY_LENGTH, int, 0) or d // max(heads, 1)
+    rope_dim = f.get(Keys.Rope.DIMENSION_COUNT, int, head_dim)
+    if rope_dim != head_dim:
+        raise where(f.path, f"RoPE on {rope_dim} of {head_dim} head dimensions is not supported")
+    try:
+        scaling = _rope_scaling(f, tensors, head_dim)
+    except ValueError as e:
+        raise where(f.path, str(e)) from None
+    vocab = f.get(Keys.LLM.VOCAB_SIZE, int, 0) or len(f.get(Keys.Tokenizer.LIST, list, []))
+    try:
+        return LlamaConfig(
+            vocab_size=vocab or tensors["token_embd.weight"].shape[0],
+            context_length=f.get(Keys.LLM.CONTEXT_LENGTH, int),
+            d_model=d,
+            n_layers=f.get(Keys.LLM.BLOCK_COUNT, int),
+            n_heads=heads,
+            n_kv_heads=f.get(Keys.Attention.HEAD_COUNT_KV, int, heads),
+            d_ff=f.get(Keys.LLM.FEED_FORWARD_LENGTH, int),
+            head_dim=head_dim,
+            norm_eps=f.get(Keys.Attention.LAYERNORM_RMS_EPS, float),
+            rope_theta=f.get(Keys.Rope.FREQ_BASE, float, 10000.0),
+            rope_scaling=scaling,
+            tie_embeddings="output.weight" not in tensors,
+            qkv_bias="blk.0.attn_q.bias" in tensors,
+            o_bias="blk.0.attn_output.bias" in tensors,
+            mlp_bias="blk.0.ffn_up.bias" in tensors,
+            bos_token_id=f.get(Keys.Tokenizer.BOS_ID, int, None),
+            eos_token_id=f.get(Keys.Tokenizer.EOS_ID, int, None),
+        )
+    except (ValueError, KeyError) as e:
+        raise where(f.path, str(e)) from None
+
+
+def _rope_scaling(f: Any, tensors: dict[str, TensorInfo], head_dim: int) -> RopeScaling | None:
+    scaling = None
+    kind = f.get(Keys.Rope.SCALING_TYPE, str, "none")
+    if kind == "linear":
+        scaling = RopeScaling("linear", factor=f.get(Keys.Rope.SCALING_FACTOR, float))
+    elif kind not in ("none", ""):
+        raise ValueError(f"RoPE scaling '{kind}' is not supported")
+    if "rope_freqs.weight" in tensors:  # Llama 3.1 scaling, stored as one factor per frequency
+        factors = tensors["rope_freqs.weight"].load().flatten().tolist()
+        if len(factors) != head_dim // 2 or not all(0 < x < 1e6 for x in factors):
+            raise ValueError(f"rope_freqs has {len(factors)} factors, expected {head_dim // 2} positive ones")
+        scaling = RopeScaling("factors", factors=tuple(factors))
+    return scaling
+
+
+def _permute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """HF rotate-half rows → llama.cpp's interleaved pairs (per head: [x₀, x_{hd/2}, x₁, …])."""
+    return w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+
+
+def _unpermute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    return w.reshape(n_heads, w.shape[0] // n_heads // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+
+
+# llama.cpp applies the permutation to Q with n_heads rows groups and to K with n_kv_heads.
+PERMUTE_Q = Transform("permute_q", lambda t, c: _unpermute(t, c.n_heads), lambda t, c: _permute(t, c.n_heads))
+PERMUTE_K = Transform("permute_k", lambda t, c: _unpermute(t, c.n_kv_heads), lambda t, c: _permute(t, c.n_kv_heads))
+
+_LLAMA_GGUF_LAYER = [  # (llama.cpp's tensor, ours, transform), weight and bias of each but the norms
+    (T.ATTN_Q, "attn.q", PERMUTE_Q), (T.ATTN_K, "attn.k", PERMUTE_K), (T.ATTN_V, "attn.v", None),
+    (T.ATTN_OUT, "attn.o", None), (T.FFN_GATE, "mlp.gate", None), (T.FFN_UP, "mlp.up", None),
+    (T.FFN_DOWN, "mlp.down", None),
+]
+
+
+def llama_gguf_keymap(config: LlamaConfig) -> KeyMap:
+    head = (Tied(gguf_name(T.OUTPUT), "tok_emb.weight") if config.tie_embeddings
+            else Map(gguf_name(T.OUTPUT), "lm_head.weight"))
+    return KeyMap("llama (GGUF)", [
+        Map(gguf_name(T.TOKEN_EMBD), "tok_emb.weight"),
+        Map(gguf_name(T.ATTN_NORM), "blocks.{i}.norm1.weight"),
+        Map(gguf_name(T.FFN_NORM), "blocks.{i}.norm2.weight"),
+        *(Map(gguf_name(src, p), f"blocks.{{i}}.{dst}.{p}", *([t] if t else []))
+          for src, dst, t in _LLAMA_GGUF_LAYER for p in ("weight", "bias")),
+        Map(gguf_name(T.OUTPUT_NORM), "norm_f.weight"),
+        head,
+        Drop(gguf_name(T.ROPE_FREQS)),  # read into the config (RopeScaling "factors"), not a parameter
     ])

@@ -23,7 +23,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, normalizers, processors
 
 from ..errors import where
-from ..files import read_bytes
+from ..sources.files import read_bytes
 
 # Piece types, as sentencepiece's ModelProto and llama.cpp's tokenizer.ggml.token_type number them.
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6

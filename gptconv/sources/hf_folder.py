@@ -21,8 +21,8 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from ..errors import where
-from ..files import UNLIMITED, read_text, regular_file
-from .keymap import TensorInfo
+from .files import UNLIMITED, read_text, regular_file
+from ..convert.keymap import TensorInfo
 
 SAFETENSORS_DTYPES = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,

@@ -17,10 +17,11 @@ from gguf.quants import quant_shape_to_byte_shape, quantize
 
 from ..errors import where
 from ..models.rope import rope_frequencies
-from .export import ExportedFile, Narrowing, TailHash, Weights, WriteBehind
-from .gguf import GGUF_ARCHS
-from .gguf_tokenizer import GGUFVocab
-from .hf_vocab import vocab_of_folder
+from ..convert import GGUF_ARCHS
+from ..convert.gguf_tokenizer import GGUFVocab
+from ..convert.hf_vocab import vocab_of_folder
+from ..output import TailHash, WriteBehind
+from .tensors import ExportedFile, Narrowing, Weights
 
 FILE_TYPES = {"f32": LlamaFileType.ALL_F32, "f16": LlamaFileType.MOSTLY_F16, "bf16": LlamaFileType.MOSTLY_BF16,
               "q8_0": LlamaFileType.MOSTLY_Q8_0}

@@ -1,7 +1,8 @@
-"""The files a checkpoint brings are read only if they are regular files of a size their kind can have.
+"""Writing outputs (export, ``reference -o``): atomic, hashed while written, written behind.
 
-A config.json linked to /dev/zero would be read until memory runs out, a FIFO would block the read
-for ever: both are refused before the file is opened, naming the file and the reason.
+An output appears complete or not at all, and replaces only what the user agreed to replace
+(``atomic_output``); its sha256 is taken as it grows (``TailHash``); writes run on one other thread
+while the next tensor is converted (``WriteBehind``).
 """
 
 from __future__ import annotations
@@ -10,77 +11,18 @@ import contextlib
 import ctypes
 import errno
 import glob
+import hashlib
 import os
 import shutil
 import signal
 import stat
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from .errors import where
 
-MiB = 1 << 20
-# The largest file of each kind a real checkpoint has, with room: Gemma 3's tokenizer.json is 33 MB,
-# Llama 3's 9 MB; config files are kilobytes (a tokenizer_config.json with a big chat template ~1 MB).
-LIMITS = {
-    "tokenizer.json": 512 * MiB,
-    "vocab.json": 256 * MiB,
-    "merges.txt": 256 * MiB,
-    "tokenizer.model": 128 * MiB,
-    "chat_template.jinja": 16 * MiB,
-}
-JSON_LIMIT = 64 * MiB  # config.json, tokenizer_config.json, an index, …
-UNLIMITED = None  # weights (safetensors, GGUF, .bin): mapped, never read whole
-
-
-def regular_file(path: Path, limit: int | None | str = "by name") -> Path:
-    """``path`` if it is (or links to) a regular file of at most ``limit`` bytes ("by name": the limit
-    of its kind, see LIMITS, else JSON_LIMIT); a GptconvError naming it otherwise."""
-    path = Path(path)
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        raise where(path, "no such file" + (" (a link to nothing)" if os.path.islink(path) else "")) from None
-    except OSError as e:
-        raise where(path, e.strerror or str(e)) from None
-    if not stat.S_ISREG(st.st_mode):
-        raise where(path, f"is {_kind(st.st_mode)}, not a regular file; refusing to read it")
-    if limit == "by name":
-        limit = LIMITS.get(path.name, JSON_LIMIT)
-    if limit is not None and st.st_size > limit:
-        raise where(path, f"is {st.st_size:,} bytes, more than a {path.name} can be ({limit:,}); refusing to read it")
-    return path
-
-
-def read_text(path: Path, limit: int | None | str = "by name") -> str:
-    """A checked file's text (UTF-8)."""
-    data = read_bytes(path, limit)
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise where(path, f"not UTF-8 text ({e})") from None
-
-
-def read_bytes(path: Path, limit: int | None | str = "by name") -> bytes:
-    path = regular_file(path, limit)
-    try:
-        with open(path, "rb") as f:
-            return f.read() if limit is None else f.read(os.stat(path).st_size + 1)
-    except OSError as e:
-        raise where(path, e.strerror or str(e)) from None
-
-
-def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
-        if test(mode):
-            return name
-    return "a special file"
-
-
-# ---------------------------------------------------------------------------------------------------
-# Writing: an output appears complete or not at all, and replaces only what the user agreed to replace.
 
 class Terminated(BaseException):
     """SIGTERM while an output was being written (raised in the main thread, so its cleanup runs)."""
@@ -250,3 +192,88 @@ def _remove(path: Path) -> None:
         shutil.rmtree(path)
     elif os.path.lexists(path):
         os.unlink(path)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Hashing and writing behind
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+class WriteBehind:
+    """Writes run on one other thread, in order, one at a time: converting the next tensor overlaps
+    writing this one (a 16 GB export spent half its time in each). At most two converted tensors
+    are alive: the one being written and the one being made."""
+
+    def __init__(self) -> None:
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="gptconv-write")
+        self.pending: Future | None = None
+
+    def __call__(self, write: Callable[..., object], *args: object) -> None:
+        self.wait()
+        self.pending = self.pool.submit(write, *args)
+
+    def wait(self) -> None:
+        if self.pending is not None:
+            pending, self.pending = self.pending, None
+            pending.result()  # a failed write raises here, in the exporting thread
+
+    def __enter__(self) -> WriteBehind:
+        return self
+
+    def __exit__(self, exc_type, *exc) -> None:
+        try:
+            if exc_type is None:
+                self.wait()
+        finally:
+            self.pool.shutdown(wait=True)
+
+
+class TailHash:
+    """The sha256 of a file that is being written front to back, hashed on another thread as it
+    grows (reading back what the page cache already holds), so that hashing overlaps converting
+    and writing instead of following them. ``result()`` after the writer has closed the file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.done = path, threading.Event()
+        self.sha, self.error = hashlib.sha256(), None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self.path.exists() and not self.done.wait(0.005):
+                pass
+            with open(self.path, "rb") as f:
+                while True:
+                    finished = self.done.is_set()  # read before: then everything written is seen below
+                    block = f.read(1 << 24)
+                    if block:
+                        self.sha.update(block)  # hashlib lets go of the GIL for large blocks
+                    elif finished:
+                        return
+                    else:
+                        self.done.wait(0.005)
+        except OSError as e:
+            self.error = e
+
+    def result(self) -> str:
+        self.stop()
+        if self.error is not None:
+            raise where(self.path, f"cannot be read back to hash it ({self.error})")
+        return self.sha.hexdigest()
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join()
+
+    def __enter__(self) -> TailHash:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()  # on failure too: no thread is left waiting for a file that will not grow

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from .export import TailHash
+from ..output import TailHash
 
 DTYPE_NAMES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}
 

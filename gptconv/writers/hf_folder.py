@@ -14,10 +14,11 @@ from pathlib import Path
 import torch
 
 from ..errors import where
-from ..files import regular_file
-from . import hf_family
-from .export import ExportedFile, Narrowing, Stored, Weights, WriteBehind, sha256_file
-from .safetensors_writer import SafetensorsWriter
+from ..convert import hf_family
+from ..output import WriteBehind, sha256_file
+from ..sources.files import regular_file
+from .safetensors_file import SafetensorsWriter
+from .tensors import ExportedFile, Narrowing, Stored, Weights
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
                    "tokenizer.model", "added_tokens.json", "chat_template.jinja", "chat_template.json")

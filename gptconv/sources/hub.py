@@ -47,7 +47,7 @@ from huggingface_hub.errors import (
 )
 
 from ..errors import GptconvError
-from .export import sha256_file
+from ..output import sha256_file
 
 # Short names a user types → the Hub repo that holds the weights.
 ALIASES: dict[str, str] = {

@@ -1,0 +1,165 @@
+"""GGUF (llama.cpp) files as a source: metadata and tensors, read by the ``gguf`` package.
+
+``GGUFReader`` maps the file and walks its metadata; a hostile file could make it loop or allocate,
+so the header's counts are checked against the file's size first (``check_header``) and every read
+and array count against the bytes left (``CheckedReader``). Tensors are dequantized to float32 by
+``gguf.quants`` when loaded. What the metadata means for a model is ``convert/``'s business.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from gguf import GGUF_MAGIC, GGMLQuantizationType, GGUFReader, GGUFValueType, Keys
+from gguf.quants import dequantize
+
+from ..convert.keymap import TensorInfo
+from ..errors import where
+from .files import UNLIMITED, regular_file
+
+_REQUIRED = object()
+
+
+class GGUFFields:
+    """Typed access to a GGUF file's metadata, naming the file and key in every error."""
+
+    def __init__(self, reader: GGUFReader, path: Path) -> None:
+        self.reader, self.path = reader, path
+        self.arch = self.get(Keys.General.ARCHITECTURE, str)
+
+    def get(self, key: str, kind: type, default: Any = _REQUIRED) -> Any:
+        key = key.format(arch=getattr(self, "arch", ""))
+        field = self.reader.fields.get(key)
+        if field is None:
+            if default is _REQUIRED:
+                raise where(self.path, f"missing metadata key '{key}'")
+            return default
+        try:
+            value = field.contents()
+        except Exception as e:  # a field whose bytes do not decode
+            raise where(self.path, f"metadata key '{key}' cannot be read ({e})") from None
+        ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value, ok = float(value), True
+        if not ok:
+            raise where(self.path, f"metadata key '{key}' is {type(value).__name__}, expected {kind.__name__}")
+        return value
+
+
+@dataclass
+class GGUFFile:
+    """A GGUF file opened: its metadata, and its tensors listed (each read and dequantized only when
+    loaded), whatever its architecture; ``convert/`` makes a config and a key map of them."""
+
+    path: Path
+    fields: GGUFFields
+    tensors: dict[str, TensorInfo]
+    stored_types: dict[str, str]  # tensor name → GGML type (Q4_1, F32, …)
+
+
+def check_header(path: Path) -> None:
+    """Refuse, before GGUFReader walks the file, counts that the file's size cannot hold.
+
+    The fixed header is magic, version (u32), tensor count and metadata count (u64 each). Every
+    tensor entry takes at least 24 bytes and every metadata entry at least 12, so larger counts
+    are lies that would only make a reader loop or allocate.
+    """
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(24)
+    except OSError as e:
+        raise where(path, e.strerror or str(e)) from None
+    if len(head) < 24:
+        raise where(path, f"not a GGUF file: {size} bytes, shorter than a GGUF header")
+    magic, version, n_tensors, n_kv = struct.unpack("<IIQQ", head)
+    if magic != GGUF_MAGIC:
+        raise where(path, f"not a GGUF file (magic {head[:4]!r}, expected b'GGUF')")
+    if version not in (2, 3):
+        raise where(path, f"GGUF version {version} is not supported (2 or 3)")
+    if n_tensors * 24 > size or n_kv * 12 > size:
+        raise where(path, f"header claims {n_tensors:,} tensors and {n_kv:,} metadata entries, "
+                          f"more than a {size:,}-byte file can hold")
+
+
+class CheckedReader(GGUFReader):
+    """GGUFReader, refusing to read past the end of the file. Its reads past the end return empty
+    arrays, so an array whose count is 2^40 made it append empty parts for ever (3.5 GB in 30 s):
+    every read must fit in the file, and every array's count times its least item size in the bytes
+    left (a string takes at least its 8-byte length, a nested array its 12-byte header)."""
+
+    LEAST_ITEM = {GGUFValueType.STRING: 8, GGUFValueType.ARRAY: 12}
+    # No key llama.cpp defines holds arrays of arrays, and the reader builds Python objects for each
+    # item (a 12 MB file of a million empty arrays took 42 s and 1.5 GB): a few are allowed, not more.
+    MOST_NESTED = 1024
+
+    def _get(self, offset, dtype, count=1, override_order=None):
+        end = int(offset) + int(np.dtype(dtype).itemsize) * int(count)
+        if end > len(self.data):
+            raise ValueError(f"a read at byte {int(offset):,} runs past the end of the file ({len(self.data):,} bytes)")
+        return super()._get(offset, dtype, count, override_order)
+
+    def _get_field_parts(self, orig_offs, raw_type):
+        if raw_type == GGUFValueType.ARRAY:
+            item = GGUFValueType(int(self._get(orig_offs, np.uint32)[0]))
+            count = int(self._get(orig_offs + 4, np.uint64)[0])
+            least = self.LEAST_ITEM.get(item) or np.dtype(self.gguf_scalar_to_np[item]).itemsize
+            left = len(self.data) - orig_offs - 12
+            if count * least > left:
+                raise ValueError(f"an array of {count:,} {item.name} items at byte {orig_offs:,}, more than the "
+                                 f"{left:,} bytes left can hold")
+            if item == GGUFValueType.ARRAY and count > self.MOST_NESTED:
+                raise ValueError(f"an array of {count:,} arrays at byte {orig_offs:,}; no GGUF key holds more "
+                                 f"than {self.MOST_NESTED:,}")
+        return super()._get_field_parts(orig_offs, raw_type)
+
+
+def read_fields(path: Path) -> GGUFFields:
+    """A GGUF file's metadata (its tensors listed, none read), whatever its architecture."""
+    path = regular_file(Path(path), UNLIMITED)  # a FIFO would block GGUFReader for ever
+    check_header(path)
+    try:
+        reader = CheckedReader(path, "r")
+    except FileNotFoundError:
+        raise where(path, "no such file") from None
+    except Exception as e:  # GGUFReader raises ValueError, struct.error, IndexError… on a corrupt file
+        raise where(path, f"not a readable GGUF file ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+    return GGUFFields(reader, path)
+
+
+def open_gguf(path: Path) -> GGUFFile:
+    """The file's metadata and tensors, each tensor checked to lie inside the file."""
+    fields = read_fields(path)
+    path = fields.path
+    reader = fields.reader
+    tensors, types = {}, {}
+    size = path.stat().st_size
+    for t in reader.tensors:
+        if t.name in tensors:
+            raise where(path, f"tensor '{t.name}' appears twice")
+        if (t.data_offset - reader.data_offset) % reader.alignment:
+            raise where(path, f"tensor '{t.name}' starts at a data offset not aligned to {reader.alignment} bytes")
+        if t.data_offset + t.n_bytes > size:
+            raise where(path, f"tensor '{t.name}' runs past the end of the file")
+        shape = tuple(int(d) for d in reversed(t.shape.tolist()))  # ggml lists dims innermost first
+        tensors[t.name] = TensorInfo(shape, torch.float32, _loader(path, t, shape))
+        types[t.name] = t.tensor_type.name
+    return GGUFFile(path, fields, tensors, types)
+
+
+def _loader(path: Path, t: Any, shape: tuple[int, ...]):
+    def load() -> torch.Tensor:
+        try:
+            if t.tensor_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
+                array = np.asarray(t.data, dtype=np.float32)
+            else:
+                array = dequantize(t.data, t.tensor_type)
+            return torch.from_numpy(np.array(array, dtype=np.float32, copy=True)).reshape(shape)
+        except (NotImplementedError, ValueError, TypeError) as e:
+            raise where(path, f"tensor '{t.name}' of type {t.tensor_type.name} cannot be dequantized ({e})") from None
+    return load
