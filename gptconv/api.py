@@ -1,4 +1,6 @@
-"""The library functions behind each CLI command: pull, trace, verify, reference, inspect."""
+"""The public functions, one per command: ``pull``, ``trace``, ``generate``, ``verify``, ``export``,
+``inspect``, ``record_reference``; each returns a typed result with ``to_dict()`` (``results.py``),
+and the CLI only parses arguments and prints these results."""
 
 from __future__ import annotations
 
@@ -6,22 +8,27 @@ import math
 import os
 from collections import Counter
 from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from .sources.hf_folder import open_hf_folder, read_safetensors, read_torch_bin
+from .decoding import generate_tokens
 from .errors import GptconvError, NoTokenizer, where
-from .output import check_output
 from .loader import Source, load_source, open_source, parse_dtype
+from .output import check_output
+from .parity import Report, compare
 from .reference import (gguf_config_disagreements, parity_inputs, read_reference, reference_steps, save_reference,
                         transformers_model)
+from .results import Result
+from .sources.hf_folder import open_hf_folder, read_safetensors, read_torch_bin
 from .tokenizer import Tokenizer, load_tokenizer
-from .verify import Report, compare
+from .tracing import Step, trace_steps
+from .writers import ExportSummary, export
 
 
 @dataclass
-class PullSummary:
+class PullSummary(Result):
     source: str
     repo_id: str | None
     folder: Path
@@ -44,6 +51,66 @@ def pull(source: str, revision: str | None = None) -> PullSummary:
     )
 
 
+@dataclass
+class Trace(Result):
+    source: str
+    arch: str
+    config: object  # our config (GPT2Config or LlamaConfig)
+    ids: list[int]
+    steps: list[Step]  # ids first, logits last
+    top: list[tuple[int, str | None, float]]  # the next token's 5 likeliest: (id, text if a tokenizer, p)
+
+
+def trace(source: str | Path, text: str | None = None, ids: str | list[int] | None = None,
+          dtype: str = "float32") -> Trace:
+    """Each named step of the forward pass on ``text`` (or token ``ids``), with its shape and statistics."""
+    src = open_source(source)
+    prompt = encode_prompt(src, text, ids)
+    steps, logits = trace_steps(load_source(src, dtype), torch.tensor([prompt]))
+    top = torch.topk(torch.softmax(logits[0, -1].float(), -1), 5)
+    tok = tokenizer_or_none(src)
+    words = [tok.decode([int(i)]) if tok is not None else None for i in top.indices]
+    return Trace(str(source), src.arch, src.config, prompt, steps,
+                 [(int(i), w, float(p)) for i, w, p in zip(top.indices, words, top.values)])
+
+
+@dataclass
+class Generation(Result):
+    source: str
+    prompt: str  # as the model saw it (wrapped in the chat template with ``chat``)
+    prompt_ids: list[int]
+    ids: list[int]  # the new tokens
+    text: str  # the new text
+    stopped_at_eos: bool
+
+
+def generate(source: str | Path, prompt: str, max_new_tokens: int = 32, *, chat: bool = False,
+             temperature: float = 0.0, top_k: int | None = None, seed: int | None = None, dtype: str = "float32",
+             on_text: Callable[[str], object] | None = None) -> Generation:
+    """Continue ``prompt`` token by token through the KV cache (greedy unless ``temperature``),
+    stopping at the tokenizer's EOS. ``chat``: wrap the prompt as a user message in the model's chat
+    template. ``on_text``: called with the prompt as the model sees it, then with each new piece of
+    text as soon as it is whole UTF-8 (what the CLI prints as it goes)."""
+    src = open_source(source)
+    tok = load_tokenizer(src)
+    text = tok.apply_chat_template([{"role": "user", "content": prompt}]) if chat else prompt
+    prompt_ids = encode_prompt(src, text, None)
+    model = load_source(src, dtype)
+    stop = {tok.eos_id} if tok.eos_id is not None else set()
+    say = on_text or (lambda piece: None)
+    say(text)
+    out: list[int] = []
+    shown = ""
+    for token in generate_tokens(model, prompt_ids, max_new_tokens, temperature=temperature, top_k=top_k,
+                                 seed=seed, stop_ids=stop):
+        out.append(token)
+        new = tok.decode(out)
+        if not new.endswith("\ufffd"):  # wait for the rest of a multi-byte character
+            say(new[len(shown):])
+            shown = new
+    return Generation(str(source), text, prompt_ids, out, tok.decode(out), bool(out) and out[-1] in stop)
+
+
 def tokenizer_or_none(src: Source) -> Tokenizer | None:
     try:
         return load_tokenizer(src)
@@ -51,12 +118,13 @@ def tokenizer_or_none(src: Source) -> Tokenizer | None:
         return None
 
 
-def encode_prompt(src: Source, text: str | None, ids: str | None) -> list[int]:
-    """Token ids from ``text`` (through the checkpoint's tokenizer) or from a list like "464,3139"."""
+def encode_prompt(src: Source, text: str | None, ids: str | list[int] | None) -> list[int]:
+    """Token ids from ``text`` (through the checkpoint's tokenizer) or ``ids`` (a list, or a string
+    like "464,3139")."""
     if ids is not None:
         try:
-            out = [int(t) for t in ids.replace(",", " ").split()]
-        except ValueError:
+            out = [int(t) for t in (ids.replace(",", " ").split() if isinstance(ids, str) else ids)]
+        except (ValueError, TypeError):
             raise GptconvError(f"--ids '{ids}': expected integers separated by commas or spaces") from None
         bad = [i for i in out if not 0 <= i < src.config.vocab_size]
         if bad or not out:
@@ -76,14 +144,14 @@ def encode_prompt(src: Source, text: str | None, ids: str | None) -> list[int]:
 REFERENCES = ("transformers", "llama.cpp")
 
 
-def verify_source(source: str, dtype: str = "float32", length: int | None = None, seed: int = 0,
+def verify(source: str | Path, dtype: str = "float32", length: int | None = None, seed: int = 0,
                   reference_file: Path | None = None, revision: str | None = None,
-                  stream: bool | None = None, against: str = "transformers") -> Report:
+                  blockwise: bool | None = None, against: str = "transformers") -> Report:
     """Our model against a reference: transformers (live), llama.cpp (a GGUF file), or a recorded file.
 
     At float16 / bfloat16 the reference also runs in that dtype, and ours is judged against the
-    reference's own error (``verify.LOW_PRECISION_FACTOR``). ``stream``: run both models one block
-    at a time (``gptconv.streaming``); by default, when they would not fit in memory side by side.
+    reference's own error (``verify.LOW_PRECISION_FACTOR``). ``blockwise``: run both models one block
+    at a time (``gptconv.blockwise``); by default, when they would not fit in memory side by side.
     """
     if against not in REFERENCES:
         raise GptconvError(f"--against '{against}': choose {' or '.join(REFERENCES)}")
@@ -109,19 +177,19 @@ def verify_source(source: str, dtype: str = "float32", length: int | None = None
                                         f"`gptconv reference --dtype {name}`")
         return compare(model, inputs, lambda n, ids: runs["float32"][n], source, f"recorded: {reference_file}",
                        reference_at_dtype=(lambda n, ids: runs[name][n]) if low else None)
-    if stream is None:
-        stream = src.format == "hf" and _too_big_for_two(src, dt)
-    if stream:
-        src = open_source(source, revision, backend="stream")  # each block's tensors unmapped when dropped
-    model = load_source(src, dt, streamed=stream)
-    hf = transformers_model(src, torch.float32, streamed=stream)  # an fp32 folder in fp32: weights in memory once
-    hf_low = transformers_model(src, dt, streamed=stream) if low else None
+    if blockwise is None:
+        blockwise = src.format == "hf" and _too_big_for_two(src, dt)
+    if blockwise:
+        src = open_source(source, revision, backend="per-tensor")  # each block's tensors unmapped when dropped
+    model = load_source(src, dt, blockwise=blockwise)
+    hf = transformers_model(src, torch.float32, blockwise=blockwise)  # an fp32 folder in fp32: weights in memory once
+    hf_low = transformers_model(src, dt, blockwise=blockwise) if low else None
     inputs = _inputs(src, length, seed)
     import transformers
     run = lambda m: lambda n, ids: reference_steps(m, src.arch, src.config.n_layers, ids)  # noqa: E731
     runs = "fp32" + (f" and {name}" if low else "")
     report = compare(model, inputs, run(hf), source,
-                     f"transformers {transformers.__version__} ({runs}, eager{', streamed' if stream else ''})",
+                     f"transformers {transformers.__version__} ({runs}, eager{', blockwise' if blockwise else ''})",
                      reference_at_dtype=run(hf_low) if low else None)
     if src.format == "gguf":  # the reference runs on our reading of the file's metadata: check it
         misread = gguf_config_disagreements(src)
@@ -186,15 +254,22 @@ def _length(src: Source, length: int | None) -> int:
 
 
 @dataclass
-class Inspection:
+class TensorEntry:
+    name: str
+    dtype: str  # torch's name, or GGUF's type (Q4_1, F32, …)
+    shape: tuple[int, ...]
+
+
+@dataclass
+class Inspection(Result):
     path: Path
     kind: str
     config: dict | None
     metadata: dict
-    tensors: list[tuple[str, str, tuple[int, ...]]]  # (name, dtype, shape)
+    tensors: list[TensorEntry]
 
 
-def inspect_path(path: Path) -> Inspection:
+def inspect(path: str | Path) -> Inspection:
     """Tensors (name, dtype, shape), metadata and config of a file or checkpoint folder."""
     path = Path(path)
     if path.is_dir():
@@ -208,7 +283,7 @@ def inspect_path(path: Path) -> Inspection:
         from .sources.gguf_file import open_gguf
         g = open_gguf(path)
         meta = {k: _short(f) for k, f in g.fields.reader.fields.items() if not k.startswith("GGUF.")}
-        tensors = [(n, g.stored_types[n], i.shape) for n, i in sorted(g.tensors.items())]
+        tensors = [TensorEntry(n, g.stored_types[n], i.shape) for n, i in sorted(g.tensors.items())]
         return Inspection(path, "gguf", None, meta, tensors)
     elif path.suffix in (".bin", ".pt", ".pth"):
         infos, kind, config, meta = read_torch_bin(path), "pytorch", None, {}
@@ -216,7 +291,7 @@ def inspect_path(path: Path) -> Inspection:
         raise where(path, "no such file or folder")
     else:
         raise where(path, "unknown kind of file (expected a folder, .safetensors or .bin)")
-    tensors = [(n, str(i.dtype).removeprefix("torch."), i.shape) for n, i in sorted(infos.items())]
+    tensors = [TensorEntry(n, str(i.dtype).removeprefix("torch."), i.shape) for n, i in sorted(infos.items())]
     return Inspection(path, kind, config, meta, tensors)
 
 
@@ -226,3 +301,7 @@ def _short(field) -> object:
     if isinstance(value, list) and len(value) > 8:
         return f"[{len(value):,} items]"
     return value
+
+
+__all__ = ["ExportSummary", "Generation", "Inspection", "PullSummary", "Report", "Trace", "export", "generate",
+           "inspect", "pull", "record_reference", "trace", "verify"]

@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 
 from .errors import GptconvError, where
-from .verify import LLAMA_CPP, Report, compare, kl_per_position
+from .parity import LLAMA_CPP, Report, compare, kl_per_position
 
 EXTRA = "pip install 'gptconv[llama-cpp]'"
 

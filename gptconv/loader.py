@@ -102,16 +102,16 @@ def open_source(source: str | Path, revision: str | None = None, prefer_cache: b
 
 
 def load_source(src: Source, dtype: str | torch.dtype = torch.float32, device: str | torch.device = "cpu",
-                streamed: bool = False) -> nn.Module:
-    """Our model for an opened source. ``streamed``: each block's weights are read just before it
-    runs and dropped after (see ``gptconv.streaming``), for models too large to hold twice."""
+                blockwise: bool = False) -> nn.Module:
+    """Our model for an opened source. ``blockwise``: each block's weights are read just before it
+    runs and dropped after (see ``gptconv.blockwise``), for models too large to hold twice."""
     dtype = parse_dtype(dtype)
     model = build_empty(src.config)
     plan = src.plan(model_shapes(model))
     src.layout = plan.layout
-    if streamed:
-        from .streaming import stream_blocks
-        model = stream_blocks(model, [f"blocks.{i}" for i in range(src.config.n_layers)],
+    if blockwise:
+        from .blockwise import fill_blockwise
+        model = fill_blockwise(model, [f"blocks.{i}" for i in range(src.config.n_layers)],
                               lambda name: plan.tensor(name, dtype))
     else:
         model.load_state_dict(dict(plan.tensors(dtype)), strict=True, assign=True)

@@ -20,7 +20,7 @@ from safetensors.torch import save_file
 from .errors import GptconvError, where
 from .output import atomic_output
 from .sources.files import UNLIMITED, regular_file
-from .streaming import stream_blocks
+from .blockwise import fill_blockwise
 
 # our step name → transformers module whose output is that step ({i}: the layer)
 REFERENCE_TAPS: dict[str, dict[str, str]] = {
@@ -73,26 +73,26 @@ def load_transformers_model(path: Path, dtype: torch.dtype = torch.float32, conf
     return model.eval()
 
 
-def transformers_model(src, dtype: torch.dtype = torch.float32, streamed: bool = False) -> nn.Module:
+def transformers_model(src, dtype: torch.dtype = torch.float32, blockwise: bool = False) -> nn.Module:
     """transformers' own model for an opened source, eager attention, in ``dtype``: the reference.
 
     From an HF folder its weights are read by transformers' own parameter names straight from the
     checkpoint (never through our key map) and shape-checked; in fp32 from an fp32 folder these
     are the very memory-mapped tensors our model holds, so the weights are in memory once for the
-    two models. ``streamed``: one block's weights in memory at a time (``gptconv.streaming``).
+    two models. ``blockwise``: one block's weights in memory at a time (``gptconv.blockwise``).
     A folder under other names than transformers' (GPT-2's original keys) goes through
     ``from_pretrained``. A GGUF file: see :func:`gguf_transformers_model`.
     """
     if src.format == "gguf":
-        if streamed:
+        if blockwise:
             raise where(src.path, "the reference streams only HF folders; transformers reads a GGUF file whole")
         return gguf_transformers_model(src, dtype)
     _transformers()
     hf = _empty_transformers_model(src, dtype)
     stored = _stored_names(src, hf)
     if stored is not None:
-        return _fill(src, hf, stored, streamed, dtype)
-    if streamed:
+        return _fill(src, hf, stored, blockwise, dtype)
+    if blockwise:
         raise where(src.path, "has tensors that are not under transformers' own names, so the reference cannot "
                               "stream it; verify with --no-stream")
     return load_transformers_model(src.path, dtype)
@@ -143,7 +143,7 @@ def gguf_config_disagreements(src) -> list[str]:
     return out
 
 
-def _fill(src, hf: nn.Module, stored: dict[str, str], streamed: bool, dtype: torch.dtype) -> nn.Module:
+def _fill(src, hf: nn.Module, stored: dict[str, str], blockwise: bool, dtype: torch.dtype) -> nn.Module:
     shapes = {name: tuple(p.shape) for name, p in hf.named_parameters(remove_duplicate=False)}
 
     def weight(name: str) -> torch.Tensor:
@@ -153,8 +153,8 @@ def _fill(src, hf: nn.Module, stored: dict[str, str], streamed: bool, dtype: tor
                                   f"'{name}' is {shapes[name]}")
         return tensor
     blocks = REFERENCE_TAPS[src.arch]["block.{i}"]
-    streamed_blocks = [blocks.format(i=i) for i in range(src.config.n_layers)] if streamed else []
-    return stream_blocks(hf, streamed_blocks, weight).eval()  # with no blocks named, every weight is read now
+    lazy_blocks = [blocks.format(i=i) for i in range(src.config.n_layers)] if blockwise else []
+    return fill_blockwise(hf, lazy_blocks, weight).eval()  # with no blocks named, every weight is read now
 
 
 def _empty_transformers_model(src, dtype: torch.dtype) -> nn.Module:

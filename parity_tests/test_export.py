@@ -12,7 +12,7 @@ import gptconv
 from gptconv.writers import export
 from gptconv.errors import GptconvError
 from helpers import hf_model, random_ids, run_cli
-from test_gpt2_parity import FP32_ATOL
+from gptconv.parity import FP32, SAME_MODEL
 
 
 def _hf_round_trip(folder, out, **kw):
@@ -27,7 +27,7 @@ def _hf_round_trip(folder, out, **kw):
     with torch.no_grad():
         ref, got, mine = original(ids).logits, exported(ids).logits, ours(ids)
     assert torch.equal(ref, got)  # the same weights give transformers the same logits, bit for bit
-    assert (mine - got).abs().max().item() <= FP32_ATOL
+    assert (mine - got).abs().max().item() <= FP32.atol
 
 
 @pytest.mark.parametrize("name", ["tiny", "odd"])
@@ -69,7 +69,7 @@ def test_hf_to_gguf_to_load_is_bit_exact(llamas, tmp_path, name):
         assert torch.equal(x, y), n
     ids = random_ids(a.config.vocab_size, a.config.context_length)
     with torch.no_grad():  # llama3 scaling comes back as per-frequency factors: the same angles
-        assert (a(ids) - b(ids)).abs().max().item() <= 1e-5
+        torch.testing.assert_close(a(ids), b(ids), atol=SAME_MODEL.atol, rtol=SAME_MODEL.rtol)
 
 
 def test_gpt2_to_gguf_to_load_is_bit_exact(ckpts, tmp_path):

@@ -15,9 +15,9 @@ import torch
 from gguf import GGUFReader
 
 import gptconv
-from gptconv.api import verify_source
+from gptconv import verify
 from gptconv.writers import export
-from gptconv.verify import FP32
+from gptconv.parity import FP32
 from helpers import hf_model, random_ids, run_cli
 
 
@@ -34,7 +34,7 @@ def scaled_ggufs(llamas, tmp_path_factory):
 @pytest.mark.parametrize("name", ["llama31-scaled", "llama32-deep"])
 def test_llama3_scaled_gguf_passes_against_transformers(scaled_ggufs, llamas, name):
     assert "rope_freqs.weight" in {t.name for t in GGUFReader(scaled_ggufs[name]).tensors}
-    report = verify_source(str(scaled_ggufs[name]))
+    report = verify(str(scaled_ggufs[name]))
     print(f"\n{name} GGUF vs transformers: max|Δ| = {report.max_abs_diff:.3e}")
     assert report.passed and report.max_abs_diff <= FP32.atol, report.first_divergent_step
     assert report.inputs["random"] == gptconv.load(llamas[name]).config.context_length  # past the original context
@@ -86,13 +86,13 @@ def test_a_misread_config_field_fails_even_though_both_models_use_it(smollm2, mo
     from gptconv import convert
     parse, keymap = convert.GGUF_ARCHS["llama"]
     monkeypatch.setitem(convert.GGUF_ARCHS, "llama", (lambda f, t: dataclasses.replace(parse(f, t), norm_eps=1e-3), keymap))
-    report = verify_source(str(smollm2), length=16)
+    report = verify(str(smollm2), length=16)
     assert report.first_divergent_step is None  # both models computed with the same wrong eps
     assert not report.passed and any("rms_norm_eps" in n for n in report.notes)
 
 
 def test_smollm2_q4_1_against_llama_cpp(smollm2):
-    report = verify_source(str(smollm2), against="llama.cpp")
+    report = verify(str(smollm2), against="llama.cpp")
     print(f"\nSmolLM2 Q4_1 vs llama.cpp (F32 from its own dequantization): max|Δ| = {report.max_abs_diff:.3e}; "
           + report.notes[-1])
     assert report.passed and report.top1_agreement == 1.0
@@ -104,7 +104,7 @@ def test_a_planted_fault_fails_against_llama_cpp(smollm2, monkeypatch):
     """Our model without the Q/K un-permutation: llama.cpp, which never sees our code, catches it."""
     from gptconv.convert import llama
     monkeypatch.setattr(llama, "_unpermute", lambda w, n_heads: w)
-    report = verify_source(str(smollm2), against="llama.cpp", length=64)
+    report = verify(str(smollm2), against="llama.cpp", length=64)
     assert not report.passed and report.first_divergent_step == "logits"
 
 

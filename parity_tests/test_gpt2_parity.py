@@ -6,10 +6,10 @@ import pytest
 import torch
 
 import gptconv
-from gptconv.generate import generate
+from gptconv.parity import FP32, SAME_MODEL
+from gptconv.decoding import generate_ids as generate
 from helpers import hf_model, random_ids
 
-FP32_ATOL = 1e-4
 
 FIXTURES = ["tiny", "odd", "tiny-sharded", "tiny-bin", "tiny-legacy"]
 
@@ -28,14 +28,14 @@ def logits_diff(folder, batch: int = 2) -> tuple[float, float]:
 def test_logits_match_transformers_at_full_context(ckpts, name):
     diff, top1 = logits_diff(ckpts[name])
     print(f"\n{name}: fp32 max|Δ| = {diff:.3e}, top-1 = {top1:.2%}")
-    assert diff <= FP32_ATOL
+    assert diff <= FP32.atol
     assert top1 == 1.0
 
 
 def test_full_size_gpt2_shape(gpt2_124m):
     diff, top1 = logits_diff(gpt2_124m, batch=1)
     print(f"\ngpt2-124m: fp32 max|Δ| = {diff:.3e}, top-1 = {top1:.2%}")
-    assert diff <= FP32_ATOL
+    assert diff <= FP32.atol
     assert top1 == 1.0
 
 
@@ -66,7 +66,7 @@ def test_cached_chunks_equal_one_forward(ckpts):
     with torch.no_grad():
         full = model(ids)
         parts = [model(chunk, cache=cache) for chunk in ids.split([10, 1, 26], dim=1)]
-    assert torch.allclose(torch.cat(parts, dim=1), full, atol=1e-5, rtol=0)
+    torch.testing.assert_close(torch.cat(parts, dim=1), full, atol=SAME_MODEL.atol, rtol=SAME_MODEL.rtol)
 
 
 def test_last_only_is_the_last_position(ckpts):
@@ -75,7 +75,8 @@ def test_last_only_is_the_last_position(ckpts):
     with torch.no_grad():
         assert model(ids, last_only=True).shape == (2, 1, model.config.vocab_size)
         # same numbers up to BLAS blocking: the head sees one row instead of T
-        assert torch.allclose(model(ids, last_only=True)[:, 0], model(ids)[:, -1], atol=1e-5, rtol=0)
+        torch.testing.assert_close(model(ids, last_only=True)[:, 0], model(ids)[:, -1], atol=SAME_MODEL.atol,
+                                   rtol=SAME_MODEL.rtol)
 
 
 def test_bf16_load_keeps_top1(ckpts):

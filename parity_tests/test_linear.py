@@ -7,19 +7,28 @@ import sys
 
 import pytest
 import torch
+
+from gptconv.parity import SAME_MODEL
 import torch.nn.functional as F
 
+from gptconv.errors import GptconvError
 from gptconv.models import linear as linear_module
 from gptconv.models.linear import Linear, linear
+
+
+@pytest.fixture
+def one_row():
+    """Set the one-row product for one test; the environment's choice again afterwards."""
+    yield linear_module.set_one_row_product
+    linear_module.set_one_row_product(None)
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("out_features,in_features", [(64, 48), (67, 48), (5, 48), (48, 50)])
 @pytest.mark.parametrize("layout", ["out-in", "in-out view"])
-@pytest.mark.parametrize("blocks", [True, False], ids=["blocks", "gemv"])
-def test_single_row_equals_f_linear(threads, out_features, in_features, layout, blocks, monkeypatch):
-    # both products, whichever this machine's timing would pick
-    monkeypatch.setattr(linear_module, "_blocks_are_faster", lambda weight, product: blocks)
+@pytest.mark.parametrize("product", ["blocks", "blas"])
+def test_single_row_equals_f_linear(threads, out_features, in_features, layout, product, one_row):
+    one_row(product)
     g = torch.Generator().manual_seed(out_features * in_features)
     w = torch.randn(out_features, in_features, generator=g)
     if layout == "in-out view":  # GPT-2's Conv1D weights, kept as a transposed view of the file's (in, out)
@@ -33,14 +42,14 @@ def test_single_row_equals_f_linear(threads, out_features, in_features, layout, 
             want = F.linear(x, w, bias)
             got = linear(x, w, bias)
             assert got.shape == want.shape == (1, 1, out_features)
-            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(got, want, rtol=SAME_MODEL.rtol, atol=SAME_MODEL.atol)
             module = Linear(in_features, out_features, bias=bias is not None)
             with torch.no_grad():
                 module.weight = torch.nn.Parameter(w, requires_grad=False)
                 if bias is not None:
                     module.bias.copy_(bias)
-                torch.testing.assert_close(module(x), want, rtol=1e-5, atol=1e-5)
-                torch.testing.assert_close(module(x[0, 0]), want[0, 0], rtol=1e-5, atol=1e-5)
+                torch.testing.assert_close(module(x), want, rtol=SAME_MODEL.rtol, atol=SAME_MODEL.atol)
+                torch.testing.assert_close(module(x[0, 0]), want[0, 0], rtol=SAME_MODEL.rtol, atol=SAME_MODEL.atol)
                 torch.testing.assert_close(module(x.expand(1, 3, in_features)), F.linear(x.expand(1, 3, in_features), w, bias))
     finally:
         torch.set_num_threads(old)
@@ -65,19 +74,82 @@ def test_empty_build_initialises_nothing():
     assert r.stdout.strip() == "False"
 
 
-def test_the_choice_is_timed_once_per_shape_and_kept(monkeypatch):
-    monkeypatch.setattr(linear_module, "_BLOCKS_FASTER", {})
-    timed = []
-    real = linear_module._seconds
-    monkeypatch.setattr(linear_module, "_seconds", lambda run, repeat=3: timed.append(run) or real(run, repeat))
+def test_blas_is_the_default_and_f_linear_itself(monkeypatch, one_row):
+    monkeypatch.delenv("GPTCONV_ONE_ROW_PRODUCT", raising=False)
+    one_row(None)
+    assert linear_module.one_row_product() == "blas"
+    w, x = torch.randn(64, 48), torch.randn(1, 48)
     old = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        w, x = torch.randn(64, 48), torch.randn(1, 48)
-        for _ in range(3):
-            torch.testing.assert_close(linear(x, w), F.linear(x, w))
-        assert len(timed) == 2 and list(linear_module._BLOCKS_FASTER) == [((64, 48), (48, 1), torch.float32, 2)]
-        linear(x, torch.randn(32, 48))  # another shape is timed on its own
-        assert len(timed) == 4
+        assert torch.equal(linear(x, w), F.linear(x, w))
+        m = Linear(48, 64, bias=False)
+        with torch.no_grad():
+            m.weight.copy_(w)
+            assert torch.equal(m(x), F.linear(x, w))
+        assert "_made_for" not in m.__dict__  # no block views are made for blas
     finally:
         torch.set_num_threads(old)
+
+
+@pytest.mark.parametrize("value", ["blas", "blocks"])
+def test_the_environment_variable_is_read_once(value, monkeypatch, one_row):
+    monkeypatch.setenv("GPTCONV_ONE_ROW_PRODUCT", value)
+    one_row(None)
+    assert linear_module.one_row_product() == value
+    monkeypatch.setenv("GPTCONV_ONE_ROW_PRODUCT", "blocks" if value == "blas" else "blas")
+    assert linear_module.one_row_product() == value  # kept: not read again
+    one_row("blas")
+    assert linear_module.one_row_product() == "blas"
+
+
+def test_a_bad_value_is_an_error_when_read_not_at_import(monkeypatch, one_row):
+    monkeypatch.setenv("GPTCONV_ONE_ROW_PRODUCT", "fastest")
+    r = subprocess.run([sys.executable, "-c", "import gptconv.models.linear, gptconv; print('imported')"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "imported", r.stderr
+    one_row(None)
+    with pytest.raises(GptconvError, match=r"^GPTCONV_ONE_ROW_PRODUCT='fastest': expected blas \(the default\) or blocks$"):
+        linear_module.one_row_product()
+    with pytest.raises(GptconvError, match="GPTCONV_ONE_ROW_PRODUCT"):  # the first forward reads it, prompt or not
+        Linear(4, 4)(torch.randn(3, 4))
+    with pytest.raises(GptconvError, match=r"'gemv': expected blas \(the default\) or blocks"):
+        one_row("gemv")
+    monkeypatch.setenv("GPTCONV_ONE_ROW_PRODUCT", "")  # set but empty: the default
+    assert linear_module.one_row_product() == "blas"
+
+
+def test_the_block_views_are_made_once_per_weight_and_thread_count(monkeypatch, one_row):
+    one_row("blocks")
+    made = []
+    real = linear_module._blocks
+    monkeypatch.setattr(linear_module, "_blocks", lambda weight, x: made.append(weight.shape) or real(weight, x))
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        m = Linear(48, 64, bias=False)
+        x = torch.randn(1, 48)
+        with torch.no_grad():
+            for _ in range(3):
+                torch.testing.assert_close(m(x), F.linear(x, m.weight))
+            assert len(made) == 1 and m.__dict__["_made_for"][2] is not None  # the block product, made once
+            m(torch.randn(5, 48))  # a prompt: F.linear, nothing made
+            assert len(made) == 1
+            torch.set_num_threads(3)
+            m(x)
+            assert len(made) == 2
+            one_row("blas")
+            m(x)
+            assert len(made) == 2
+    finally:
+        torch.set_num_threads(old)
+
+
+def test_no_timing_in_the_models():
+    """The product is a setting, never a measurement: nothing under models/ reads a clock."""
+    import pathlib
+    import gptconv.models
+    for path in pathlib.Path(gptconv.models.__file__).parent.glob("*.py"):
+        text = path.read_text()
+        for clock in ("perf_counter", "time.time", "monotonic", "process_time", "import time"):
+            assert clock not in text, f"{path.name}: {clock}"

@@ -12,10 +12,10 @@ import pytest
 import gptconv
 import llama_cpp_tools
 from fixtures import CONVERTER_FIXTURES
-from gptconv.api import verify_source
+from gptconv import verify
 from gptconv.writers import export
 from gptconv.llamacpp import LlamaCpp
-from gptconv.verify import FP32
+from gptconv.parity import FP32
 from helpers import TORTURE, run_cli
 
 # Metadata keys allowed to differ, and why. Nothing else may.
@@ -62,10 +62,10 @@ def test_llama_cpps_output_loads_tokenizes_and_verifies(converter_fixtures, thei
     with LlamaCpp(path, vocab_only=True) as llm:
         for text in TORTURE:
             assert tok.encode(text) == llm.tokenize(text), text
-    report = verify_source(str(path))
+    report = verify(str(path))
     print(f"\n{name}: llama.cpp's converter output vs transformers: max|Δ| = {report.max_abs_diff:.3e}")
     assert report.passed and report.max_abs_diff <= FP32.atol, (report.first_divergent_step, report.notes)
-    assert verify_source(str(path), against="llama.cpp").passed
+    assert verify(str(path), against="llama.cpp").passed
     # the same weights as our model of the HF folder, bit for bit
     ours, folder = gptconv.load(path), gptconv.load(converter_fixtures[name])
     for (a, x), (b, y) in zip(ours.state_dict().items(), folder.state_dict().items()):

@@ -9,9 +9,9 @@ import torch
 
 import gptconv
 from gptconv.errors import GptconvError
-from gptconv.generate import generate
+from gptconv.decoding import generate_ids as generate
 from helpers import hf_model, random_ids
-from test_gpt2_parity import FP32_ATOL
+from gptconv.parity import FP32
 
 FIXTURES = ["llama2-mha", "llama3-gqa", "llama31-scaled", "linear-scaled", "tied", "head-dim", "biases", "qwen2",
             "llama31-legacy-config", "linear-legacy-config"]
@@ -26,7 +26,7 @@ def test_logits_match_transformers_at_full_length(llamas, name):
         a, b = ours(ids), ref(ids).logits
     diff = (a - b).abs().max().item()
     print(f"\n{name}: fp32 max|Δ| = {diff:.3e}")
-    assert diff <= FP32_ATOL
+    assert diff <= FP32.atol
     assert torch.equal(a.argmax(-1), b.argmax(-1))
 
 

@@ -12,8 +12,8 @@ import json
 import pytest
 
 import gptconv.api as api
-from gptconv.api import verify_source
-from gptconv.verify import LOW_PRECISION_FACTOR
+from gptconv import verify
+from gptconv.parity import LOW_PRECISION_FACTOR
 from helpers import edited_copy, run_cli, swap
 
 
@@ -21,7 +21,7 @@ from helpers import edited_copy, run_cli, swap
 @pytest.mark.parametrize("fixture,name", [("ckpts", "tiny"), ("ckpts", "odd"), ("llamas", "llama3-gqa"),
                                           ("llamas", "tied"), ("llamas", "qwen2"), ("llamas", "llama31-scaled")])
 def test_correct_random_models_pass(request, fixture, name, dtype):
-    report = verify_source(str(request.getfixturevalue(fixture)[name]), dtype=dtype)
+    report = verify(str(request.getfixturevalue(fixture)[name]), dtype=dtype)
     assert report.passed, (report.first_divergent_step, report.notes)
     assert report.dtype == dtype and report.tolerance["low_precision_factor"] == LOW_PRECISION_FACTOR
     assert report.reference_own is not None and "fp32 and " + dtype in report.reference
@@ -54,7 +54,7 @@ def theta_1e4(monkeypatch):
 
 
 def test_smollm2_planted_rope_theta_fails_at_bfloat16(smollm2, theta_1e4):
-    report = verify_source(str(smollm2), dtype="bfloat16")
+    report = verify(str(smollm2), dtype="bfloat16")
     assert not report.passed
     assert report.first_divergent_step == "block.0"
     own = report.reference_own["top1_agreement"]
@@ -87,7 +87,7 @@ def test_a_reference_that_overflows_at_the_dtype_cannot_judge(ckpts):
 
     import gptconv
     from gptconv.errors import GptconvError
-    from gptconv.verify import compare, our_steps
+    from gptconv.parity import compare, our_steps
     ours, ref = gptconv.load(ckpts["tiny"], dtype="float16"), gptconv.load(ckpts["tiny"])
     inputs = {"random": torch.randint(0, 512, (1, 16), generator=torch.Generator().manual_seed(0))}
     fp32 = lambda name, ids: our_steps(ref, ids, {"logits"})  # noqa: E731

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import gptconv
-from test_gpt2_parity import FP32_ATOL
+from gptconv.parity import FP32
 
 PROMPTS = [
     "The capital of France is",
@@ -61,7 +61,7 @@ def test_logits_match_transformers_gguf_loader(ours, tok, reference, prompt):
         a, b = ours(ids), reference(ids).logits
     diff = (a - b).abs().max().item()
     print(f"\nSmolLM2 {prompt[:24]!r}: fp32 max|Δ| = {diff:.3e}")
-    assert diff <= FP32_ATOL
+    assert diff <= FP32.atol
     assert torch.equal(a.argmax(-1), b.argmax(-1))
 
 
@@ -82,7 +82,7 @@ def test_token_ids_equal_transformers(smollm2, tok):
 
 
 def test_chat_generation_answers(ours, tok):
-    from gptconv.generate import generate
+    from gptconv.decoding import generate_ids as generate
     ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}]))
     out = tok.decode(generate(ours, ids, 16, stop_ids={tok.eos_id}), skip_special_tokens=True)
     assert "Paris" in out

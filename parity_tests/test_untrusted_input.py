@@ -400,7 +400,7 @@ def _greedy(model, prompt: list[int], n: int, cache) -> list[int]:
 
 def test_kv_cache_reserve_and_growth(ckpts):
     import gptconv
-    from gptconv.generate import generate
+    from gptconv.decoding import generate_ids as generate
     model = gptconv.load(ckpts["tiny"])
     cfg = model.config
     huge = gptconv.KVCache(cfg.n_layers, 1, cfg.n_kv_heads, 2**24, cfg.head_dim, reserve=8)

@@ -9,8 +9,9 @@ import os
 import pytest
 
 from gptconv import convert
-from gptconv.api import verify_source
+from gptconv import verify
 from gptconv.convert.keymap import IDENTITY
+from gptconv.parity import FP32
 from helpers import edited_copy, run_cli, swap
 
 
@@ -19,11 +20,11 @@ def test_verify_passes_and_reports_json(ckpts):
     assert r.returncode == 0, r.stderr
     report = json.loads(r.stdout)
     assert report["passed"] is True and report["top1_agreement"] == 1.0
-    assert report["max_abs_diff"] <= 1e-4
+    assert report["max_abs_diff"] <= FP32.atol
     names = [s["name"] for s in report["steps"]]
     assert names == ["embedding_dropout", "block.0", "block.1", "block.2", "final_norm", "logits"]
     assert report["inputs"]["random"] == 37  # the full context of the fixture
-    assert report["tolerance"] == {"atol": 1e-4, "rtol": 1e-5, "min_top1": 1.0}
+    assert report["tolerance"] == dataclasses.asdict(FP32)
 
 
 def test_verify_text_report(ckpts):
@@ -56,7 +57,7 @@ def test_dropped_conv1d_transpose_is_caught(ckpts, monkeypatch):
              for r in convert.GPT2_HF.rules]
     broken = convert.KeyMap("gpt2 without transpose", rules, convert.GPT2_HF.legacy_prefix)
     monkeypatch.setitem(convert.HF_FAMILIES, "gpt2", dataclasses.replace(family, keymap=lambda config: broken))
-    report = verify_source(str(ckpts["tiny"]))
+    report = verify(str(ckpts["tiny"]))
     assert not report.passed and report.first_divergent_step == "block.0"
     assert report.top1_agreement < 0.9
 
@@ -79,7 +80,7 @@ def test_a_nan_anywhere_fails_the_step(ckpts, tmp_path):
     difference, not be skipped over by max()."""
     import torch
 
-    from gptconv.verify import abs_max, kl_per_position, max_abs_diff
+    from gptconv.parity import abs_max, kl_per_position, max_abs_diff
     a = torch.randn(1, 40, 50)
     b = a.clone()
     b[0, 33, 7] = float("nan")

@@ -90,7 +90,7 @@ def case_decode(peer: str, folder: Path, opts: dict) -> dict:
             return out
     elif peer == "gptconv":
         import gptconv
-        from gptconv.generate import generate
+        from gptconv.decoding import generate_ids as generate
         model = gptconv.load(folder)
         prompt = ids(model.config.vocab_size, PROMPT_LEN)[0].tolist()
         run = lambda n: generate(model, prompt, n)  # noqa: E731
@@ -123,9 +123,9 @@ def case_export(peer: str, folder: Path, opts: dict) -> dict:
 def case_verify(peer: str, folder: Path, opts: dict) -> dict:
     import transformers  # noqa: F401  (imported before the baseline, as gptconv's are)
 
-    from gptconv.api import verify_source
+    from gptconv.api import verify
     start = time.perf_counter()
-    report = verify_source(str(folder), opts.get("dtype", "float32"), opts.get("length"), stream=opts.get("stream"))
+    report = verify(str(folder), opts.get("dtype", "float32"), opts.get("length"), blockwise=opts.get("stream"))
     return {"seconds": time.perf_counter() - start, "passed": report.passed, "max_abs_diff": report.max_abs_diff,
             "top1": report.top1_agreement, "reference": report.reference}
 

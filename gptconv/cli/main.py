@@ -130,16 +130,8 @@ def pull(source: str, revision: str | None) -> None:
 @dtype_opt
 def trace(source: str, text: str | None, ids: str | None, dtype: str) -> None:
     """Print each named step of the forward pass on TEXT, with its shape and statistics."""
-    import torch
-
-    from ..api import encode_prompt
-    from ..loader import load_source, open_source
-    from ..trace import trace as trace_
-    src = open_source(source)
-    prompt = encode_prompt(src, text, ids)
-    model = load_source(src, dtype)
-    steps, logits = trace_(model, torch.tensor([prompt]))
-    render.trace(src, prompt, steps, logits)
+    from ..api import trace as trace_
+    render.trace(trace_(source, text, ids, dtype))
 
 
 @cli.command()
@@ -155,25 +147,9 @@ def trace(source: str, text: str | None, ids: str | None, dtype: str) -> None:
 def generate(source: str, prompt: str, max_new_tokens: int, temperature: float, top_k: int | None,
              seed: int | None, chat: bool, dtype: str) -> None:
     """Continue PROMPT, token by token with the KV cache (greedy by default)."""
-    from ..api import encode_prompt
-    from ..generate import stream
-    from ..loader import load_source, open_source
-    from ..tokenizer import load_tokenizer
-    src = open_source(source)
-    tok = load_tokenizer(src)
-    text = tok.apply_chat_template([{"role": "user", "content": prompt}]) if chat else prompt
-    ids = encode_prompt(src, text, None)
-    model = load_source(src, dtype)
-    stop = {tok.eos_id} if tok.eos_id is not None else set()
-    out: list[int] = []
-    click.echo(text, nl=False)
-    shown = ""
-    for token in stream(model, ids, max_new_tokens, temperature=temperature, top_k=top_k, seed=seed, stop_ids=stop):
-        out.append(token)
-        text = tok.decode(out)
-        if not text.endswith("\ufffd"):  # wait for the rest of a multi-byte character
-            click.echo(text[len(shown):], nl=False)
-            shown = text
+    from ..api import generate as generate_
+    generate_(source, prompt, max_new_tokens, chat=chat, temperature=temperature, top_k=top_k, seed=seed,
+              dtype=dtype, on_text=lambda piece: click.echo(piece, nl=False))
     click.echo()
 
 
@@ -198,8 +174,8 @@ def verify(source: str, dtype: str, length: int | None, seed: int, reference_fil
     At float16 / bfloat16 the reference runs in float32 and in that dtype, and ours passes when it
     is as close to the float32 reference as the reference's own run in that dtype (within a factor).
     """
-    from ..api import verify_source
-    report = verify_source(source, dtype, length, seed, reference_file, revision, stream, against)
+    from ..api import verify as verify_
+    report = verify_(source, dtype, length, seed, reference_file, revision, stream, against)
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2, allow_nan=False))
     else:
@@ -246,15 +222,10 @@ def export(source: str, fmt: str, dtype: str, output: Path, max_shard_bytes: int
 @click.option("--json", "as_json", is_flag=True)
 def inspect(path: Path, as_json: bool) -> None:
     """List the tensors (name, dtype, shape), metadata and config of a file or folder."""
-    from ..api import inspect_path
-    result = inspect_path(path)
-    if as_json:
-        from ..verify import json_safe  # a NaN or Inf a config holds, as a string: strict JSON
-        click.echo(json.dumps(json_safe({"path": str(result.path), "kind": result.kind, "config": result.config,
-                                         "metadata": result.metadata,
-                                         "tensors": [{"name": n, "dtype": d, "shape": list(s)}
-                                                     for n, d, s in result.tensors]}),
-                              indent=2, default=str, allow_nan=False))
+    from ..api import inspect as inspect_
+    result = inspect_(path)
+    if as_json:  # a NaN or Inf a config holds is a string: strict JSON
+        click.echo(json.dumps(result.to_dict(), indent=2, default=str, allow_nan=False))
     else:
         render.inspection(result)
 

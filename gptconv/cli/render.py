@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import click
-import torch
 
-from ..trace import Step, explain
+from ..tracing import explain
 
 
 def _bytes(n: int) -> str:
@@ -28,12 +27,12 @@ def pull_summary(s) -> None:
         click.echo(f"  {name:<40} {_bytes(size):>10}")
 
 
-def trace(src, prompt: list[int], steps: list[Step], logits: torch.Tensor) -> None:
-    cfg = src.config
+def trace(result) -> None:
+    cfg, steps = result.config, result.steps
     heads = f"{cfg.n_heads} heads" + (f" (K/V: {cfg.n_kv_heads})" if cfg.n_kv_heads != cfg.n_heads else "")
-    click.echo(f"{src.arch}: {cfg.n_layers} blocks, d = {cfg.d_model}, {heads}, head_dim = {cfg.head_dim}, "
+    click.echo(f"{result.arch}: {cfg.n_layers} blocks, d = {cfg.d_model}, {heads}, head_dim = {cfg.head_dim}, "
                f"vocab = {cfg.vocab_size:,}")
-    if src.arch == "llama":
+    if result.arch == "llama":
         scaling = f", {cfg.rope_scaling.kind} scaling" if cfg.rope_scaling else ""
         click.echo(f"position: no position embedding; RoPE (theta = {cfg.rope_theta:g}{scaling}) rotates Q and K "
                    f"inside every attention layer; GQA: {cfg.n_heads} query heads share {cfg.n_kv_heads} K/V heads")
@@ -44,20 +43,14 @@ def trace(src, prompt: list[int], steps: list[Step], logits: torch.Tensor) -> No
         first_block = is_block and not steps[n - 1].name.startswith("block.")
         note = explain(st.name) if not is_block or first_block else "〃"
         click.echo(f"{st.name:<22} {shape:<20} {st.mean:>10.4f} {st.std:>10.4f} {st.min:>10.4f} {st.max:>10.4f}  {note}")
-    top = torch.topk(torch.softmax(logits[0, -1].float(), -1), 5)
-    try:
-        from ..tokenizer import load_tokenizer
-        tok = load_tokenizer(src)
-        words = [repr(tok.decode([int(i)])) for i in top.indices]
-    except Exception:
-        words = [str(int(i)) for i in top.indices]
-    click.echo("next token    " + "  ".join(f"{w} {p:.3f}" for w, p in zip(words, top.values.tolist())))
+    click.echo("next token    " + "  ".join(f"{repr(w) if w is not None else i} {p:.3f}" for i, w, p in result.top))
 
 
 def verify_report(r) -> None:
     tol = r.tolerance
     click.echo(f"verify {r.source} ({r.dtype}) against {r.reference}")
-    click.echo("inputs: " + ", ".join(f"{n} ({t} tokens)" for n, t in r.inputs.items()))
+    click.echo("inputs: " + ", ".join(f"{n} ({t} tokens)" for n, t in r.inputs.items())
+               + f"; one-row product: {r.one_row_product}")
     factor = tol.get("low_precision_factor")
     if factor is None:
         click.echo(f"tolerance: max|Δ| ≤ {tol['atol']:g} + {tol['rtol']:g}·max|ref| per step; "
@@ -96,8 +89,8 @@ def inspection(result) -> None:
         click.echo("config: " + ", ".join(f"{k}={v}" for k, v in result.config.items() if not isinstance(v, (dict, list))))
     for k, v in result.metadata.items():
         click.echo(f"metadata {k} = {str(v)[:120]}")
-    for name, dtype, shape in result.tensors:
-        click.echo(f"  {name:<56} {dtype:<9} {list(shape)}")
+    for t in result.tensors:
+        click.echo(f"  {t.name:<56} {t.dtype:<9} {list(t.shape)}")
 
 
 def export_summary(s) -> None:

@@ -1,64 +1,74 @@
-"""``nn.Linear`` with a measured choice for the one-row case: decoding one token on the CPU.
+"""``nn.Linear`` with a chosen product for the one-row case: decoding one token on the CPU.
 
 With one input row, a linear layer is a matrix-vector product, bound by reading the weight from
 memory. How fast the BLAS runs it depends on the machine: MKL's gemv uses one thread on an AMD
 EPYC (10–16 GB/s there, against 42 GB/s for a plain sum), but all of them on an Intel Xeon. Split
 into contiguous blocks, two per thread, and multiplied as a batch (``torch.bmm`` parallelises
-over the batch), the weight is read at 20–30 GB/s on either. So the block product is taken only
-where it is faster: the two are timed once on the weight itself, per shape, layout, dtype and
-thread count. Measured: on the EPYC, decoding GPT-2 124M in fp32 goes from ~22 to ~43 tokens/s;
-on a Xeon (Sapphire Rapids) gemv wins, SmolLM2-135M 31 tokens/s against 14 with blocks. Any
-other input (a prompt, a batch, another device) takes ``F.linear`` unchanged.
+over the batch), the weight is read at 20–30 GB/s on either. Measured: on the EPYC, decoding
+GPT-2 124M in fp32 goes from ~22 to ~43 tokens/s with the blocks; on a Xeon (Sapphire Rapids)
+gemv wins, SmolLM2-135M 31 tokens/s against 14 with blocks.
+
+The two products add in different orders, so their logits differ in the last bits. Which one runs
+is therefore a setting, never a measurement: the environment variable ``GPTCONV_ONE_ROW_PRODUCT``,
+read once at the first one-row product (not at import), or :func:`set_one_row_product`;
+:func:`one_row_product` says which is in force.
+
+- ``blas`` (the default): ``F.linear``, the BLAS gemv. The same input gives the same logits in
+  every process, and it is the fastest on the Xeon above.
+- ``blocks``: the block product, for a machine whose gemv runs on one thread (the EPYC above).
+  ``GPTCONV_ONE_ROW_PRODUCT=blocks``; it needs two threads or more (on one, it is ``F.linear``),
+  and it is as reproducible as ``blas`` for a given thread count.
+
+Any other input (a prompt, a batch, another device) takes ``F.linear`` whatever the setting.
 """
 
 from __future__ import annotations
 
-import math
-import time
+import os
 from collections.abc import Callable
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..errors import GptconvError
+
+ENV_VAR = "GPTCONV_ONE_ROW_PRODUCT"
+PRODUCTS = ("blas", "blocks")  # the first is the default
+
+_product: str | None = None  # None: not read from the environment yet
+
+
+def one_row_product() -> str:
+    """The one-row product in force: ``"blas"`` or ``"blocks"`` (``GPTCONV_ONE_ROW_PRODUCT``, read once)."""
+    global _product
+    if _product is None:
+        value = os.environ.get(ENV_VAR, "")
+        _product = _checked(value, f"{ENV_VAR}={value!r}") if value else PRODUCTS[0]
+    return _product
+
+
+def set_one_row_product(name: str | None) -> None:
+    """Use ``name`` (``"blas"`` or ``"blocks"``) from now on, in this process; ``None``: the
+    environment's choice again, read at the next use."""
+    global _product
+    _product = None if name is None else _checked(name, f"one-row product {name!r}")
+
+
+def _checked(name: str, what: str) -> str:
+    if name not in PRODUCTS:
+        raise GptconvError(f"{what}: expected {PRODUCTS[0]} (the default) or {PRODUCTS[1]}")
+    return name
+
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x @ weightᵀ + bias, for x (…, in) and weight (out, in)."""
-    split = _split(weight, x)
+    split = _blocks(weight, x) if one_row_product() == "blocks" else None
     return F.linear(x, weight, bias) if split is None else split(x, bias)
-
-
-def _split(weight: torch.Tensor, x: torch.Tensor) -> Callable | None:
-    """The block product for a single row ``x`` on the CPU where it beats ``F.linear``, else None."""
-    product = _blocks(weight, x)
-    return product if product is not None and _blocks_are_faster(weight, product) else None
 
 
 def _one_row_on_cpu(x: torch.Tensor) -> bool:
     return x.device.type == "cpu" and x.numel() == x.size(-1)
-
-
-_BLOCKS_FASTER: dict[tuple, bool] = {}
-
-
-def _blocks_are_faster(weight: torch.Tensor, product: Callable) -> bool:
-    """Time both on this weight (best of 3 after a warm-up each), once per shape, layout, dtype, threads."""
-    key = (tuple(weight.shape), weight.stride(), weight.dtype, torch.get_num_threads())
-    if key not in _BLOCKS_FASTER:
-        x = torch.ones(1, weight.size(1), dtype=weight.dtype)
-        with torch.no_grad():
-            _BLOCKS_FASTER[key] = _seconds(lambda: product(x, None)) < _seconds(lambda: F.linear(x, weight))
-    return _BLOCKS_FASTER[key]
-
-
-def _seconds(run: Callable[[], object], repeat: int = 3) -> float:
-    run()
-    best = math.inf
-    for _ in range(repeat):
-        start = time.perf_counter()
-        run()
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 def _blocks(weight: torch.Tensor, x: torch.Tensor) -> Callable | None:
@@ -91,14 +101,16 @@ def _blocks(weight: torch.Tensor, x: torch.Tensor) -> Callable | None:
 
 
 class Linear(nn.Linear):
-    """``nn.Linear`` (same parameters, same state-dict names) computed by :func:`linear`; the block
-    views of its weight are made once, not at every token."""
+    """``nn.Linear`` (same parameters, same state-dict names) computed by :func:`linear`; with
+    ``blocks`` in force, the block views of its weight are made once (per weight and thread count),
+    not at every token."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not _one_row_on_cpu(x):
+        product = one_row_product()  # read (and checked) at the first forward, prompt or not
+        if product == "blas" or not _one_row_on_cpu(x):
             return F.linear(x, self.weight, self.bias)
         made = self.__dict__.get("_made_for")
         if made is None or made[0] is not self.weight or made[1] != torch.get_num_threads():
-            self.__dict__["_made_for"] = (self.weight, torch.get_num_threads(), _split(self.weight, x))
+            self.__dict__["_made_for"] = (self.weight, torch.get_num_threads(), _blocks(self.weight, x))
         split = self.__dict__["_made_for"][2]
         return F.linear(x, self.weight, self.bias) if split is None else split(x, self.bias)

@@ -84,9 +84,11 @@ def read_hf_config(folder: Path) -> dict[str, Any]:
 
 def open_hf_folder(folder: Path, backend: str = "mmap") -> HFCheckpoint:
     """``backend``: how tensors are served. "mmap": zero-copy from one mapping of each file, kept
-    while the checkpoint is open (for a model that keeps its weights). "stream": zero-copy too, but
+    while the checkpoint is open (for a model that keeps its weights). "per-tensor": zero-copy too, but
     each tensor maps its file anew and unmaps it when the tensor is freed, so a pass over a large
-    checkpoint (export, streamed verify) holds only the tensors in use, not every page it read."""
+    checkpoint (export, blockwise verify) holds only the tensors in use, not every page it read."""
+    if backend not in ("mmap", "per-tensor"):
+        raise ValueError(f"backend {backend!r}: 'mmap' or 'per-tensor'")
     folder = Path(folder)
     if not folder.is_dir():
         raise where(folder, "not a folder")

@@ -42,7 +42,7 @@ def export(source: str | Path, out: str | Path, format: str = "safetensors", dty
     out = Path(out)
     kind = "folder" if format == "safetensors" else "file"
     check_output(out, force, kind)  # before loading anything
-    src = open_source(source, revision, backend="stream")  # each tensor mapped on its own, unmapped when freed
+    src = open_source(source, revision, backend="per-tensor")  # each tensor mapped on its own, unmapped when freed
     weights = Weights.of(src)
     tokenizer = None
     if format == "gguf" or src.format != "hf":  # an HF folder's own tokenizer files are copied as they are

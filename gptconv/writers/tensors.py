@@ -14,20 +14,21 @@ import torch
 from ..convert.keymap import KeyMap, Plan, Transform, model_shapes
 from ..errors import where
 from ..models import build_empty
+from ..results import Result
 
 F16_MAX = 65504.0
 EXPORT_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16, "q8_0": None}
 
 
 @dataclass
-class ExportedFile:
+class ExportedFile(Result):
     name: str
     bytes: int
     sha256: str
 
 
 @dataclass
-class ExportSummary:
+class ExportSummary(Result):
     source: str
     out: Path
     format: str

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import gptconv
-from gptconv.api import verify_source
+from gptconv import verify
 from gptconv.errors import GptconvError
 from gptconv.loader import load_source, open_source
 from gptconv.reference import load_transformers_model, reference_steps, transformers_model
@@ -25,16 +25,16 @@ def _without_source(report) -> dict:
                                           ("llamas", "qwen2"), ("llamas", "llama31-scaled")])
 def test_streamed_verify_reports_what_the_whole_models_report(request, fixture, name):
     folder = request.getfixturevalue(fixture)[name]
-    whole = verify_source(str(folder), stream=False)
-    streamed = verify_source(str(folder), stream=True)
+    whole = verify(str(folder), blockwise=False)
+    streamed = verify(str(folder), blockwise=True)
     assert whole.passed and streamed.passed
-    assert "streamed" in streamed.reference and "streamed" not in whole.reference
+    assert "blockwise" in streamed.reference and "blockwise" not in whole.reference
     assert _without_source(streamed) == _without_source(whole)  # bit for bit: the same weights, the same ops
 
 
 def test_only_one_block_is_in_memory_at_a_time(llamas):
-    src = open_source(llamas["llama2-mha"], backend="stream")
-    ours, ref = load_source(src, streamed=True), transformers_model(src, streamed=True)
+    src = open_source(llamas["llama2-mha"], backend="per-tensor")
+    ours, ref = load_source(src, blockwise=True), transformers_model(src, blockwise=True)
     seen = []
     for model, blocks in ((ours, ours.blocks), (ref, ref.model.layers)):
         def check(module, _args, blocks=blocks):
@@ -60,9 +60,9 @@ def test_streaming_a_gguf_reference_is_refused(smollm2):
 
 
 def test_names_transformers_does_not_use_are_refused(ckpts):
-    src = open_source(ckpts["tiny-legacy"], backend="stream")  # GPT-2's original keys, without 'transformer.'
+    src = open_source(ckpts["tiny-legacy"], backend="per-tensor")  # GPT-2's original keys, without 'transformer.'
     with pytest.raises(GptconvError, match="not under transformers' own names"):
-        transformers_model(src, streamed=True)
+        transformers_model(src, blockwise=True)
 
 
 @pytest.mark.parametrize("fixture,name,ours_name,theirs_name", [
@@ -91,4 +91,4 @@ def test_the_whole_reference_falls_back_to_from_pretrained(ckpts):
     src = open_source(ckpts["tiny-legacy"])  # GPT-2's original keys: transformers' loader renames them
     ref = transformers_model(src)
     assert not any(p.is_meta for p in ref.parameters())
-    assert verify_source(str(ckpts["tiny-legacy"])).passed
+    assert verify(str(ckpts["tiny-legacy"])).passed

@@ -24,7 +24,7 @@ def _step(name: str, x: torch.Tensor) -> Step:
 
 
 @torch.no_grad()
-def trace(model: nn.Module, ids: torch.Tensor) -> tuple[list[Step], torch.Tensor]:
+def trace_steps(model: nn.Module, ids: torch.Tensor) -> tuple[list[Step], torch.Tensor]:
     """Run ``model`` on ids (B, T); return its steps (ids first, logits last) and the logits."""
     steps = [_step("ids", ids)]
     logits = model(ids, tap=lambda name, x: steps.append(_step(name, x)))

@@ -25,7 +25,7 @@ def next_token(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None
 
 
 @torch.no_grad()
-def stream(model: nn.Module, prompt: list[int], max_new_tokens: int, temperature: float = 0.0,
+def generate_tokens(model: nn.Module, prompt: list[int], max_new_tokens: int, temperature: float = 0.0,
            top_k: int | None = None, seed: int | None = None, stop_ids: set[int] = frozenset()) -> Iterator[int]:
     """Yield new token ids one by one; stops early at a token in ``stop_ids``."""
     limit = model.config.context_length
@@ -47,5 +47,5 @@ def stream(model: nn.Module, prompt: list[int], max_new_tokens: int, temperature
         ids = token[:, None]                                        # (1, 1): T = 1 from here on
 
 
-def generate(model: nn.Module, prompt: list[int], max_new_tokens: int, **options) -> list[int]:
-    return list(stream(model, prompt, max_new_tokens, **options))
+def generate_ids(model: nn.Module, prompt: list[int], max_new_tokens: int, **options) -> list[int]:
+    return list(generate_tokens(model, prompt, max_new_tokens, **options))

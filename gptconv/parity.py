@@ -10,6 +10,8 @@ import torch
 import torch.nn as nn
 
 from .errors import GptconvError
+from .models.linear import one_row_product
+from .results import Result
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,12 @@ LLAMA_CPP = {
     "llama": Tolerance(atol=5e-4, rtol=5e-5, min_top1=0.99),
     "gpt2": Tolerance(atol=1e-3, rtol=1e-3, min_top1=0.99),
 }
+# Our model against itself computed in another order: through the KV cache in chunks, the head on the
+# last row only, the one-row products (BLAS gemv or blocks) against F.linear. float32 summation order.
+SAME_MODEL = Tolerance(atol=1e-5, rtol=1e-5, min_top1=1.0)
+# A narrowed GGUF (f16, q8_0) run by llama.cpp against our float32 model: a quality bar, not parity
+# (issue 4); measured on SmolLM2 f16 100 %, q8_0 94.3 % (its 8-bit activations; the suite's xfail).
+QUANTIZED_MIN_TOP1 = 0.95
 # float16 / bfloat16 are judged against the reference's own error at that precision, not against a
 # fixed bound: trained weights drive activations to ~2e4, where one bfloat16 ulp is 128, so any
 # fixed tolerance either fails a correct model or passes a broken one. The reference runs in
@@ -64,7 +72,7 @@ class StepDiff:
 
 
 @dataclass
-class Report:
+class Report(Result):
     source: str
     reference: str
     dtype: str
@@ -79,21 +87,7 @@ class Report:
     first_divergent_step: str | None = None
     passed: bool = False
     notes: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict:
-        """As plain JSON values: an infinite or NaN difference becomes the string "inf" / "nan"."""
-        return json_safe(asdict(self))
-
-
-def json_safe(value):
-    """``value`` with every NaN / Inf float as the string "nan" / "inf" / "-inf" (JSON has neither)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, dict):
-        return {k: json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_safe(v) for v in value]
-    return value
+    one_row_product: str = field(default_factory=one_row_product)  # our one-token linear (models/linear.py)
 
 
 @torch.no_grad()
