@@ -17,9 +17,9 @@ from .decoding import generate_tokens
 from .errors import GptconvError, NoTokenizer, where
 from .loader import Source, load_source, open_source, parse_dtype
 from .output import check_output
-from .parity import Report, compare
-from .reference import (gguf_config_disagreements, parity_inputs, read_reference, reference_steps, save_reference,
-                        transformers_model)
+from .parity import Report, compare, parity_inputs
+from .reference import gguf_config_disagreements, reference_steps, transformers_model
+from .reference_file import read_reference, save_reference
 from .results import Result
 from .sources.hf_folder import open_hf_folder, read_safetensors, read_torch_bin
 from .tokenizer import Tokenizer, load_tokenizer

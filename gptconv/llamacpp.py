@@ -180,7 +180,7 @@ def verify_gguf(src: Any, model: nn.Module, inputs: dict[str, torch.Tensor]) -> 
 
 def _check_tokenizer(src: Any, report: Report) -> None:
     """The prompts tokenized by llama.cpp and by us: a difference fails the report."""
-    from .reference import PROMPTS
+    from .parity import PROMPTS
     from .tokenizer import load_tokenizer
     tok = load_tokenizer(src)
     with LlamaCpp(src.path, vocab_only=True) as vocab:

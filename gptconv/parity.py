@@ -14,6 +14,28 @@ from .models.linear import one_row_product
 from .results import Result
 
 
+# The inputs both sides run: the fixed prompts (when the checkpoint has a tokenizer) and seeded random ids.
+PROMPTS = (
+    "The capital of France is",
+    "def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)",
+    "Ünïcödé, emoji 🙂 and digits 1234567890 — all in one line.",
+)
+
+
+def parity_inputs(tokenizer: object | None, vocab_size: int, length: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    """The fixed inputs: each prompt tokenized (when there is a tokenizer) and seeded random ids (1, length)."""
+    inputs = {}
+    if tokenizer is not None:
+        for n, text in enumerate(PROMPTS):
+            ids = [i for i in tokenizer.encode(text) if i < vocab_size][:length]
+            if ids:
+                inputs[f"prompt{n}"] = torch.tensor([ids])
+    g = torch.Generator().manual_seed(seed)
+    inputs["random"] = torch.randint(0, vocab_size, (1, length), generator=g)
+    return inputs
+
+
+
 @dataclass(frozen=True)
 class Tolerance:
     """A step passes when max|ours − ref| ≤ atol + rtol · max|ref| of that step."""

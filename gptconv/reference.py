@@ -1,4 +1,8 @@
-"""The reference side of parity: transformers' outputs on fixed inputs, live or recorded to a file.
+"""The reference side of parity: transformers' model built for a source, and its step outputs.
+
+Three ways to build it, from the cheapest in memory: given the checkpoint's own tensors by
+transformers' names (an HF folder), from its GGUF loader with our parsed config (a GGUF file), or
+from_pretrained (anything else); ``reference_file.py`` records its outputs for a later verify.
 
 Step names are ours (see the model's taps); ``REFERENCE_TAPS`` says which transformers module
 computes the same step, so the two can be compared step by step, not only at the logits.
@@ -8,18 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import math
 from pathlib import Path
 
 import torch
 import torch.nn as nn
-from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 
 from .errors import GptconvError, where
-from .output import atomic_output
-from .sources.files import UNLIMITED, regular_file
 from .blockwise import fill_blockwise
 
 # our step name → transformers module whose output is that step ({i}: the layer)
@@ -28,26 +27,6 @@ REFERENCE_TAPS: dict[str, dict[str, str]] = {
              "final_norm": "transformer.ln_f"},
     "llama": {"token_embedding": "model.embed_tokens", "block.{i}": "model.layers.{i}", "final_norm": "model.norm"},
 }
-
-PROMPTS = (
-    "The capital of France is",
-    "def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)",
-    "Ünïcödé, emoji 🙂 and digits 1234567890 — all in one line.",
-)
-
-
-def parity_inputs(tokenizer: object | None, vocab_size: int, length: int, seed: int = 0) -> dict[str, torch.Tensor]:
-    """The fixed inputs: each prompt tokenized (when there is a tokenizer) and seeded random ids (1, length)."""
-    inputs = {}
-    if tokenizer is not None:
-        for n, text in enumerate(PROMPTS):
-            ids = [i for i in tokenizer.encode(text) if i < vocab_size][:length]
-            if ids:
-                inputs[f"prompt{n}"] = torch.tensor([ids])
-    g = torch.Generator().manual_seed(seed)
-    inputs["random"] = torch.randint(0, vocab_size, (1, length), generator=g)
-    return inputs
-
 
 def _transformers():
     try:
@@ -201,50 +180,3 @@ def reference_steps(hf_model: nn.Module, arch: str, n_layers: int, ids: torch.Te
         for h in hooks:
             h.remove()
     return steps
-
-
-Runs = dict[str, dict[str, dict[str, torch.Tensor]]]  # dtype name → input name → step → tensor
-
-
-def save_reference(path: Path, runs: Runs, inputs: dict[str, torch.Tensor], meta: dict[str, str],
-                   force: bool = False) -> None:
-    """Keys: ``input/ids``, ``input/step`` (the float32 run) and ``input/dtype/step`` (another run)."""
-    tensors = {f"{name}/ids": ids.contiguous() for name, ids in inputs.items()}
-    for run, records in runs.items():
-        prefix = "" if run == "float32" else f"{run}/"
-        for name, steps in records.items():
-            tensors.update({f"{name}/{prefix}{step}": t.contiguous() for step, t in steps.items()})
-    meta = {**meta, "gptconv_reference": "1", "inputs": json.dumps(list(inputs))}
-    with atomic_output(path, force) as tmp:
-        save_file(tensors, str(tmp), metadata=meta)
-
-
-def read_reference(path: Path) -> tuple[dict[str, torch.Tensor], Runs, dict[str, str]]:
-    """(inputs, steps per run and input, metadata) from a file ``save_reference`` wrote."""
-    regular_file(path, UNLIMITED)
-    try:
-        f = safe_open(str(path), framework="pt")
-        meta = f.metadata() or {}
-        if meta.get("gptconv_reference") != "1":
-            raise where(path, "not a gptconv reference file (write one with `gptconv reference`)")
-        names = json.loads(meta["inputs"])
-        inputs, runs = {}, {}
-        for key in f.keys():
-            parts = key.split("/")
-            if parts[0] not in names or len(parts) not in (2, 3):
-                raise where(path, f"tensor '{key}' belongs to no listed input")
-            if parts[1:] == ["ids"]:
-                inputs[parts[0]] = f.get_tensor(key)
-            else:
-                run = parts[1] if len(parts) == 3 else "float32"
-                runs.setdefault(run, {}).setdefault(parts[0], {})[parts[-1]] = f.get_tensor(key)
-    except (SafetensorError, OSError, KeyError, TypeError, json.JSONDecodeError) as e:
-        raise where(path, f"not a readable reference file ({e})") from None
-    for run, records in runs.items():
-        missing = [n for n in names if "logits" not in records.get(n, {})]
-        if missing:
-            raise where(path, f"input '{missing[0]}' has no logits in the {run} run")
-    missing = [n for n in names if n not in inputs]
-    if missing or "float32" not in runs:
-        raise where(path, f"input '{missing[0]}' has no ids" if missing else "has no float32 run")
-    return inputs, runs, meta

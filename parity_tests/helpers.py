@@ -19,6 +19,15 @@ def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
                           env=env, timeout=600)
 
 
+def assert_fp32_parity(ours: torch.Tensor, reference: torch.Tensor, label: str) -> None:
+    """Our float32 logits against a reference's: within parity.FP32, the same argmax everywhere."""
+    from gptconv.parity import FP32
+    diff = (ours - reference).abs().max().item()
+    print(f"\n{label}: fp32 max|Δ| = {diff:.3e}")
+    assert diff <= FP32.atol
+    assert torch.equal(ours.argmax(-1), reference.argmax(-1))
+
+
 def random_ids(vocab: int, length: int, batch: int = 2, seed: int = 0) -> torch.Tensor:
     return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
 

@@ -10,8 +10,7 @@ import torch
 import gptconv
 from gptconv.errors import GptconvError
 from gptconv.decoding import generate_ids as generate
-from helpers import hf_model, random_ids
-from gptconv.parity import FP32
+from helpers import assert_fp32_parity, hf_model, random_ids
 
 FIXTURES = ["llama2-mha", "llama3-gqa", "llama31-scaled", "linear-scaled", "tied", "head-dim", "biases", "qwen2",
             "llama31-legacy-config", "linear-legacy-config"]
@@ -23,11 +22,7 @@ def test_logits_match_transformers_at_full_length(llamas, name):
     ref = hf_model(llamas[name])
     ids = random_ids(ours.config.vocab_size, ours.config.context_length)  # llama31-scaled: 256 ≫ 32 original
     with torch.no_grad():
-        a, b = ours(ids), ref(ids).logits
-    diff = (a - b).abs().max().item()
-    print(f"\n{name}: fp32 max|Δ| = {diff:.3e}")
-    assert diff <= FP32.atol
-    assert torch.equal(a.argmax(-1), b.argmax(-1))
+        assert_fp32_parity(ours(ids), ref(ids).logits, name)
 
 
 def test_fixtures_have_the_features_they_claim(llamas):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import gptconv
-from gptconv.parity import FP32
+from helpers import assert_fp32_parity
 
 PROMPTS = [
     "The capital of France is",
@@ -58,11 +58,7 @@ def test_config_from_gguf_metadata(ours):
 def test_logits_match_transformers_gguf_loader(ours, tok, reference, prompt):
     ids = torch.tensor([tok.encode(prompt)])
     with torch.no_grad():
-        a, b = ours(ids), reference(ids).logits
-    diff = (a - b).abs().max().item()
-    print(f"\nSmolLM2 {prompt[:24]!r}: fp32 max|Δ| = {diff:.3e}")
-    assert diff <= FP32.atol
-    assert torch.equal(a.argmax(-1), b.argmax(-1))
+        assert_fp32_parity(ours(ids), reference(ids).logits, f"SmolLM2 {prompt[:24]!r}")
 
 
 def test_paris(ours, tok):

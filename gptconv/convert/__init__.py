@@ -3,7 +3,7 @@
 - ``keymap``: the generic key-mapping engine and its ledger;
 - ``gpt2``, ``llama``: one module per architecture, each with its config parsers (HF config.json,
   GGUF metadata) and its key tables for both formats, transforms included;
-- ``hf_config``: typed reading of config.json; ``gguf_names``: llama.cpp's tensor names;
+- ``hf_config``: typed reading of config.json; ``gguf_meta``: llama.cpp's tensor names;
 - ``spm``, ``gguf_tokenizer``, ``hf_vocab``: tokenizer formats (SentencePiece, GGUF, an HF folder's
   tokenizer as llama.cpp's converter writes it).
 

@@ -6,9 +6,8 @@ from typing import Any
 
 from gguf import Keys
 
-from ..errors import where
 from ..models.gpt2 import GPT2Config
-from .gguf_names import T, gguf_name
+from .gguf_meta import T, gguf_config, gguf_name
 from .hf_config import ConfigFields, build_config
 from .keymap import TRANSPOSE, Drop, KeyMap, Map, TensorInfo, Tied
 
@@ -29,19 +28,13 @@ def gpt2_config_from_hf(data: dict[str, Any], origin: object) -> GPT2Config:
     d = f.int("n_embd")
     return build_config(
         GPT2Config, f,
-        vocab_size=f.int("vocab_size"),
-        context_length=f.int("n_positions"),
-        d_model=d,
-        n_layers=f.int("n_layer"),
-        n_heads=f.int("n_head"),
+        **f.common(context_length="n_positions", d_model="n_embd", n_layers="n_layer", n_heads="n_head"),
         d_ff=f.positive("n_inner", 4 * d),  # absent or null: 4d; 0 is refused, as transformers would build 0
         norm_eps=f.float("layer_norm_epsilon", 1e-5),
         gelu=_GELU[activation],
         embd_dropout=f.float("embd_pdrop", 0.1),
         attn_dropout=f.float("attn_pdrop", 0.1),
         resid_dropout=f.float("resid_pdrop", 0.1),
-        bos_token_id=f.token_id("bos_token_id"),
-        eos_token_id=f.token_id("eos_token_id"),
     )
 
 
@@ -92,21 +85,8 @@ GPT2_HF = KeyMap(
 
 def gpt2_config_from_gguf(f: Any, tensors: dict[str, TensorInfo]) -> GPT2Config:
     d = f.get(Keys.LLM.EMBEDDING_LENGTH, int)
-    vocab = f.get(Keys.LLM.VOCAB_SIZE, int, 0) or len(f.get(Keys.Tokenizer.LIST, list, []))
-    try:
-        return GPT2Config(
-            vocab_size=vocab or tensors["token_embd.weight"].shape[0],
-            context_length=f.get(Keys.LLM.CONTEXT_LENGTH, int),
-            d_model=d,
-            n_layers=f.get(Keys.LLM.BLOCK_COUNT, int),
-            n_heads=f.get(Keys.Attention.HEAD_COUNT, int),
-            d_ff=f.get(Keys.LLM.FEED_FORWARD_LENGTH, int, 4 * d),
-            norm_eps=f.get(Keys.Attention.LAYERNORM_EPS, float),
-            bos_token_id=f.get(Keys.Tokenizer.BOS_ID, int, None),
-            eos_token_id=f.get(Keys.Tokenizer.EOS_ID, int, None),
-        )
-    except (ValueError, KeyError) as e:
-        raise where(f.path, str(e)) from None
+    return gguf_config(GPT2Config, f, tensors, d_ff=f.get(Keys.LLM.FEED_FORWARD_LENGTH, int, 4 * d),
+                       norm_eps=f.get(Keys.Attention.LAYERNORM_EPS, float))
 
 
 _GPT2_GGUF_LAYER = [(T.ATTN_NORM, "norm1"), (T.ATTN_QKV, "attn.qkv"), (T.ATTN_OUT, "attn.proj"),

@@ -64,6 +64,12 @@ class ConfigFields:
             return value[0]
         return self.int(name, None)
 
+    def common(self, **names: str) -> dict[str, Any]:
+        """The fields every architecture has, read under this architecture's HF ``names`` for
+        context_length, d_model, n_layers and n_heads (vocab_size and the special ids are named alike)."""
+        return {"vocab_size": self.int("vocab_size"), **{ours: self.int(theirs) for ours, theirs in names.items()},
+                "bos_token_id": self.token_id("bos_token_id"), "eos_token_id": self.token_id("eos_token_id")}
+
     def refuse(self, name: str, unsupported: Any, feature: str) -> None:
         """Error out when ``name`` is set to a value we do not implement (never ignore it)."""
         if self.data.get(name, None) == unsupported:

@@ -11,7 +11,7 @@ from gguf import Keys
 from ..errors import where
 from ..models.llama import LlamaConfig
 from ..models.rope import RopeScaling, llama3_from_factors
-from .gguf_names import T, gguf_name
+from .gguf_meta import T, gguf_config, gguf_name
 from .hf_config import ConfigFields, build_config
 from .keymap import Drop, KeyMap, Map, TensorInfo, Tied, Transform
 
@@ -58,15 +58,11 @@ def llama_config_from_hf(data: dict[str, Any], origin: object) -> LlamaConfig:
     for name in ("pretraining_tp",):
         if f.data.get(name, 1) not in (1, None):
             raise f.error(f"'{name}' = {f.data[name]!r} is not supported")
-    d, heads = f.int("hidden_size"), f.int("num_attention_heads")
     return build_config(
         LlamaConfig, f,
-        vocab_size=f.int("vocab_size"),
-        context_length=f.int("max_position_embeddings"),
-        d_model=d,
-        n_layers=f.int("num_hidden_layers"),
-        n_heads=heads,
-        n_kv_heads=f.positive("num_key_value_heads", heads),
+        **f.common(context_length="max_position_embeddings", d_model="hidden_size", n_layers="num_hidden_layers",
+                   n_heads="num_attention_heads"),
+        n_kv_heads=f.positive("num_key_value_heads", f.int("num_attention_heads")),
         d_ff=f.int("intermediate_size"),
         head_dim=f.positive("head_dim", 0),  # 0: d_model / n_heads
         norm_eps=f.float("rms_norm_eps", 1e-6),
@@ -77,8 +73,6 @@ def llama_config_from_hf(data: dict[str, Any], origin: object) -> LlamaConfig:
         o_bias=o_bias,
         mlp_bias=f.bool("mlp_bias", False) if model_type == "llama" else False,  # only Llama has the option
         sliding_window=window,
-        bos_token_id=f.token_id("bos_token_id"),
-        eos_token_id=f.token_id("eos_token_id"),
     )
 
 
@@ -161,29 +155,18 @@ def llama_config_from_gguf(f: Any, tensors: dict[str, TensorInfo]) -> LlamaConfi
         scaling = _rope_scaling(f, tensors, head_dim)
     except ValueError as e:
         raise where(f.path, str(e)) from None
-    vocab = f.get(Keys.LLM.VOCAB_SIZE, int, 0) or len(f.get(Keys.Tokenizer.LIST, list, []))
-    try:
-        return LlamaConfig(
-            vocab_size=vocab or tensors["token_embd.weight"].shape[0],
-            context_length=f.get(Keys.LLM.CONTEXT_LENGTH, int),
-            d_model=d,
-            n_layers=f.get(Keys.LLM.BLOCK_COUNT, int),
-            n_heads=heads,
-            n_kv_heads=f.get(Keys.Attention.HEAD_COUNT_KV, int, heads),
-            d_ff=f.get(Keys.LLM.FEED_FORWARD_LENGTH, int),
-            head_dim=head_dim,
-            norm_eps=f.get(Keys.Attention.LAYERNORM_RMS_EPS, float),
-            rope_theta=f.get(Keys.Rope.FREQ_BASE, float, 10000.0),
-            rope_scaling=scaling,
-            tie_embeddings="output.weight" not in tensors,
-            qkv_bias="blk.0.attn_q.bias" in tensors,
-            o_bias="blk.0.attn_output.bias" in tensors,
-            mlp_bias="blk.0.ffn_up.bias" in tensors,
-            bos_token_id=f.get(Keys.Tokenizer.BOS_ID, int, None),
-            eos_token_id=f.get(Keys.Tokenizer.EOS_ID, int, None),
-        )
-    except (ValueError, KeyError) as e:
-        raise where(f.path, str(e)) from None
+    has = lambda tensor: gguf_name(tensor, "bias").replace("{i}", "0") in tensors  # noqa: E731
+    return gguf_config(
+        LlamaConfig, f, tensors,
+        n_kv_heads=f.get(Keys.Attention.HEAD_COUNT_KV, int, heads),
+        d_ff=f.get(Keys.LLM.FEED_FORWARD_LENGTH, int),
+        head_dim=head_dim,
+        norm_eps=f.get(Keys.Attention.LAYERNORM_RMS_EPS, float),
+        rope_theta=f.get(Keys.Rope.FREQ_BASE, float, 10000.0),
+        rope_scaling=scaling,
+        tie_embeddings=gguf_name(T.OUTPUT) not in tensors,
+        qkv_bias=has(T.ATTN_Q), o_bias=has(T.ATTN_OUT), mlp_bias=has(T.FFN_UP),  # biases present in block 0
+    )
 
 
 def _rope_scaling(f: Any, tensors: dict[str, TensorInfo], head_dim: int) -> RopeScaling | None:

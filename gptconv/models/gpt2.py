@@ -8,10 +8,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..errors import GptconvError
 from .attention import causal_attention
 from .kv_cache import KVCache
 from .linear import Linear, linear
-from .tap import Tap, check_range, check_sizes, no_tap
+from .config_checks import check_range, check_sizes
+from .tap import Tap, no_tap
 
 
 @dataclass(frozen=True)
@@ -76,7 +78,7 @@ class GPT2(nn.Module):
         B, T = ids.shape
         start = cache.pos if cache is not None else 0
         if start + T > self.config.context_length:
-            raise ValueError(f"{start + T} positions asked for; GPT-2 has {self.config.context_length}")
+            raise GptconvError(f"{start + T} positions asked for; the model has {self.config.context_length}")
         x = self.tok_emb(ids)                                       # (B, T, d)
         tap("token_embedding", x)
         x = x + self.pos_emb(torch.arange(start, start + T, device=ids.device))  # (B, T, d)
@@ -86,8 +88,6 @@ class GPT2(nn.Module):
         for i, block in enumerate(self.blocks):
             x = block(x, i, cache)                                  # (B, T, d)
             tap(f"block.{i}", x)
-        if cache is not None:
-            cache.advance(T)
         if last_only:
             x = x[:, -1:]                                           # (B, 1, d): only the next token matters
         x = self.norm_f(x)                                          # (B, T, d)

@@ -40,7 +40,8 @@ class KVCache:
         return self.k.size(3)
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store the new (B, n_kv, T, hd) keys/values of ``layer``; return all keys/values so far."""
+        """Store the new (B, n_kv, T, hd) keys/values of ``layer``; return all keys/values so far.
+        When the last layer has stored its step, the cache moves past it."""
         end = self.pos + k.size(2)
         if end > self.max_len:
             raise ValueError(f"KV cache holds {self.max_len} positions; {end} were asked for")
@@ -48,7 +49,10 @@ class KVCache:
             self._grow(min(self.max_len, max(end, 2 * self.capacity)))
         self.k[layer, :, :, self.pos : end] = k
         self.v[layer, :, :, self.pos : end] = v
-        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+        keys, values = self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+        if layer == self.k.size(0) - 1:
+            self.pos = end
+        return keys, values
 
     def _grow(self, capacity: int) -> None:
         # every layer's stored positions move; layers later in this step have not written theirs yet
@@ -57,7 +61,3 @@ class KVCache:
             new = old.new_zeros((*old.shape[:3], capacity, old.size(4)))
             new[:, :, :, : old.size(3)] = old
             setattr(self, name, new)
-
-    def advance(self, n: int) -> None:
-        """Called once per forward, after every layer has stored its ``n`` new positions."""
-        self.pos += n

@@ -19,7 +19,8 @@ from .attention import causal_attention
 from .kv_cache import KVCache
 from .linear import Linear, linear
 from .rope import RopeScaling, rope, rope_angles, rope_frequencies
-from .tap import Tap, check_range, check_sizes, no_tap
+from .config_checks import check_range, check_sizes
+from .tap import Tap, no_tap
 
 
 @dataclass(frozen=True)
@@ -59,33 +60,43 @@ class LlamaConfig:
             raise ValueError(f"head_dim = {self.head_dim} is odd: RoPE rotates pairs")
 
 
-def _llama(vocab, ctx, d, layers, heads, kv, ff, theta, **kw) -> LlamaConfig:
-    return LlamaConfig(vocab, ctx, d, layers, heads, kv, ff, rope_theta=theta, **kw)
-
-
 _LLAMA31 = RopeScaling("llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_context_length=8192)
 _LLAMA32 = RopeScaling("llama3", factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0, original_context_length=8192)
 
 PRESETS: dict[str, LlamaConfig] = {
-    "llama-2-7b": _llama(32000, 4096, 4096, 32, 32, 32, 11008, 10000.0, bos_token_id=1, eos_token_id=2),
-    "llama-3-8b": _llama(128256, 8192, 4096, 32, 32, 8, 14336, 500000.0, bos_token_id=128000, eos_token_id=128001),
-    "llama-3.1-8b": _llama(128256, 131072, 4096, 32, 32, 8, 14336, 500000.0, rope_scaling=_LLAMA31,
-                           bos_token_id=128000, eos_token_id=128001),
-    "llama-3.2-1b": _llama(128256, 131072, 2048, 16, 32, 8, 8192, 500000.0, rope_scaling=_LLAMA32,
-                           tie_embeddings=True, head_dim=64, bos_token_id=128000, eos_token_id=128001),
-    "llama-3.2-3b": _llama(128256, 131072, 3072, 28, 24, 8, 8192, 500000.0, rope_scaling=_LLAMA32,
-                           tie_embeddings=True, head_dim=128, bos_token_id=128000, eos_token_id=128001),
-    "tinyllama-1.1b": _llama(32000, 2048, 2048, 22, 32, 4, 5632, 10000.0, bos_token_id=1, eos_token_id=2),
-    "smollm2-135m": _llama(49152, 8192, 576, 30, 9, 3, 1536, 100000.0, tie_embeddings=True,
-                           bos_token_id=1, eos_token_id=2),
-    "smollm2-360m": _llama(49152, 8192, 960, 32, 15, 5, 2560, 100000.0, tie_embeddings=True,
-                           bos_token_id=1, eos_token_id=2),
-    "smollm2-1.7b": _llama(49152, 8192, 2048, 24, 32, 32, 8192, 130000.0, tie_embeddings=True,
-                           bos_token_id=1, eos_token_id=2),
-    "mistral-7b": _llama(32000, 32768, 4096, 32, 32, 8, 14336, 10000.0, sliding_window=4096,
-                         bos_token_id=1, eos_token_id=2),
-    "qwen2.5-0.5b": _llama(151936, 32768, 896, 24, 14, 2, 4864, 1000000.0, tie_embeddings=True, qkv_bias=True,
-                           norm_eps=1e-6, bos_token_id=151643, eos_token_id=151643),
+    "llama-2-7b": LlamaConfig(vocab_size=32000, context_length=4096, d_model=4096, n_layers=32, n_heads=32,
+                              n_kv_heads=32, d_ff=11008, rope_theta=10000.0, bos_token_id=1, eos_token_id=2),
+    "llama-3-8b": LlamaConfig(vocab_size=128256, context_length=8192, d_model=4096, n_layers=32, n_heads=32,
+                              n_kv_heads=8, d_ff=14336, rope_theta=500000.0, bos_token_id=128000,
+                              eos_token_id=128001),
+    "llama-3.1-8b": LlamaConfig(vocab_size=128256, context_length=131072, d_model=4096, n_layers=32,
+                                n_heads=32, n_kv_heads=8, d_ff=14336, rope_theta=500000.0,
+                                rope_scaling=_LLAMA31, bos_token_id=128000, eos_token_id=128001),
+    "llama-3.2-1b": LlamaConfig(vocab_size=128256, context_length=131072, d_model=2048, n_layers=16,
+                                n_heads=32, n_kv_heads=8, d_ff=8192, rope_theta=500000.0,
+                                rope_scaling=_LLAMA32, tie_embeddings=True, head_dim=64, bos_token_id=128000,
+                                eos_token_id=128001),
+    "llama-3.2-3b": LlamaConfig(vocab_size=128256, context_length=131072, d_model=3072, n_layers=28,
+                                n_heads=24, n_kv_heads=8, d_ff=8192, rope_theta=500000.0,
+                                rope_scaling=_LLAMA32, tie_embeddings=True, head_dim=128, bos_token_id=128000,
+                                eos_token_id=128001),
+    "tinyllama-1.1b": LlamaConfig(vocab_size=32000, context_length=2048, d_model=2048, n_layers=22, n_heads=32,
+                                  n_kv_heads=4, d_ff=5632, rope_theta=10000.0, bos_token_id=1, eos_token_id=2),
+    "smollm2-135m": LlamaConfig(vocab_size=49152, context_length=8192, d_model=576, n_layers=30, n_heads=9,
+                                n_kv_heads=3, d_ff=1536, rope_theta=100000.0, tie_embeddings=True,
+                                bos_token_id=1, eos_token_id=2),
+    "smollm2-360m": LlamaConfig(vocab_size=49152, context_length=8192, d_model=960, n_layers=32, n_heads=15,
+                                n_kv_heads=5, d_ff=2560, rope_theta=100000.0, tie_embeddings=True,
+                                bos_token_id=1, eos_token_id=2),
+    "smollm2-1.7b": LlamaConfig(vocab_size=49152, context_length=8192, d_model=2048, n_layers=24, n_heads=32,
+                                n_kv_heads=32, d_ff=8192, rope_theta=130000.0, tie_embeddings=True,
+                                bos_token_id=1, eos_token_id=2),
+    "mistral-7b": LlamaConfig(vocab_size=32000, context_length=32768, d_model=4096, n_layers=32, n_heads=32,
+                              n_kv_heads=8, d_ff=14336, rope_theta=10000.0, sliding_window=4096,
+                              bos_token_id=1, eos_token_id=2),
+    "qwen2.5-0.5b": LlamaConfig(vocab_size=151936, context_length=32768, d_model=896, n_layers=24, n_heads=14,
+                                n_kv_heads=2, d_ff=4864, rope_theta=1000000.0, tie_embeddings=True,
+                                qkv_bias=True, norm_eps=1e-6, bos_token_id=151643, eos_token_id=151643),
 }
 
 
@@ -112,8 +123,6 @@ class Llama(nn.Module):
         for i, block in enumerate(self.blocks):
             x = block(x, cos, sin, i, cache)                        # (B, T, d)
             tap(f"block.{i}", x)
-        if cache is not None:
-            cache.advance(T)
         if last_only:
             x = x[:, -1:]                                           # (B, 1, d): only the next token matters
         x = self.norm_f(x)                                          # (B, T, d)

@@ -15,20 +15,3 @@ Tap = Callable[[str, torch.Tensor], None]
 
 def no_tap(name: str, x: torch.Tensor) -> None:
     pass
-
-
-def check_sizes(cfg: object, limits: dict[str, int]) -> None:
-    """Refuse sizes that are not positive integers or are beyond any real model, before allocating."""
-    for name, limit in limits.items():
-        value = getattr(cfg, name)
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= limit:
-            raise ValueError(f"{name} = {value!r} is not an integer in 1 … {limit:,}")
-
-
-def check_range(cfg: object, names: tuple[str, ...], low: float, high: float, low_open: bool = False) -> None:
-    """Refuse floats outside [low, high] (or (low, high] with ``low_open``), NaN included."""
-    for name in names:
-        value = getattr(cfg, name)
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and low <= value <= high
-        if not ok or (low_open and value == low):
-            raise ValueError(f"{name} = {value!r} is outside {'(' if low_open else '['}{low:g}, {high:g}]")

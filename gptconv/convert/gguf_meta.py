@@ -1,0 +1,37 @@
+"""What every GGUF architecture shares: llama.cpp's tensor names, from gguf-py's own table
+(``gguf.TENSOR_NAMES``), and the metadata every config is built from."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gguf import MODEL_TENSOR, TENSOR_NAMES, Keys
+
+from ..errors import where
+from .keymap import TensorInfo
+
+T = MODEL_TENSOR
+
+
+def gguf_name(tensor: MODEL_TENSOR, part: str = "weight") -> str:
+    """``blk.{i}.attn_q.weight`` for ``(ATTN_Q, "weight")``: gguf's name, with the key map's ``{i}``."""
+    return f"{TENSOR_NAMES[tensor].replace('{bid}', '{i}')}.{part}"
+
+
+def gguf_config(cls: type, f: Any, tensors: dict[str, TensorInfo], **specific: Any) -> Any:
+    """``cls`` from the metadata every architecture has (vocabulary, context, width, depth, heads,
+    special ids) and the architecture's ``specific`` fields; a value the config refuses is an error
+    naming the file. The vocabulary size is the token list's length where the key is absent (llama.cpp
+    writes it for some architectures only), else the embedding's rows."""
+    vocab = f.get(Keys.LLM.VOCAB_SIZE, int, 0) or len(f.get(Keys.Tokenizer.LIST, list, []))
+    try:
+        return cls(vocab_size=vocab or tensors[gguf_name(T.TOKEN_EMBD)].shape[0],
+                   context_length=f.get(Keys.LLM.CONTEXT_LENGTH, int),
+                   d_model=f.get(Keys.LLM.EMBEDDING_LENGTH, int),
+                   n_layers=f.get(Keys.LLM.BLOCK_COUNT, int),
+                   n_heads=f.get(Keys.Attention.HEAD_COUNT, int),
+                   bos_token_id=f.get(Keys.Tokenizer.BOS_ID, int, None),
+                   eos_token_id=f.get(Keys.Tokenizer.EOS_ID, int, None),
+                   **specific)
+    except (ValueError, KeyError) as e:
+        raise where(f.path, str(e)) from None

@@ -1,0 +1,61 @@
+"""A recorded reference: transformers' outputs on the parity inputs, saved by ``gptconv reference``
+(safetensors) for a later ``verify --reference`` on a machine without transformers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+
+from .errors import where
+from .output import atomic_output
+from .sources.files import UNLIMITED, regular_file
+
+Runs = dict[str, dict[str, dict[str, torch.Tensor]]]  # dtype name → input name → step → tensor
+
+
+def save_reference(path: Path, runs: Runs, inputs: dict[str, torch.Tensor], meta: dict[str, str],
+                   force: bool = False) -> None:
+    """Keys: ``input/ids``, ``input/step`` (the float32 run) and ``input/dtype/step`` (another run)."""
+    tensors = {f"{name}/ids": ids.contiguous() for name, ids in inputs.items()}
+    for run, records in runs.items():
+        prefix = "" if run == "float32" else f"{run}/"
+        for name, steps in records.items():
+            tensors.update({f"{name}/{prefix}{step}": t.contiguous() for step, t in steps.items()})
+    meta = {**meta, "gptconv_reference": "1", "inputs": json.dumps(list(inputs))}
+    with atomic_output(path, force) as tmp:
+        save_file(tensors, str(tmp), metadata=meta)
+
+
+def read_reference(path: Path) -> tuple[dict[str, torch.Tensor], Runs, dict[str, str]]:
+    """(inputs, steps per run and input, metadata) from a file ``save_reference`` wrote."""
+    regular_file(path, UNLIMITED)
+    try:
+        f = safe_open(str(path), framework="pt")
+        meta = f.metadata() or {}
+        if meta.get("gptconv_reference") != "1":
+            raise where(path, "not a gptconv reference file (write one with `gptconv reference`)")
+        names = json.loads(meta["inputs"])
+        inputs, runs = {}, {}
+        for key in f.keys():
+            parts = key.split("/")
+            if parts[0] not in names or len(parts) not in (2, 3):
+                raise where(path, f"tensor '{key}' belongs to no listed input")
+            if parts[1:] == ["ids"]:
+                inputs[parts[0]] = f.get_tensor(key)
+            else:
+                run = parts[1] if len(parts) == 3 else "float32"
+                runs.setdefault(run, {}).setdefault(parts[0], {})[parts[-1]] = f.get_tensor(key)
+    except (SafetensorError, OSError, KeyError, TypeError, json.JSONDecodeError) as e:
+        raise where(path, f"not a readable reference file ({e})") from None
+    for run, records in runs.items():
+        missing = [n for n in names if "logits" not in records.get(n, {})]
+        if missing:
+            raise where(path, f"input '{missing[0]}' has no logits in the {run} run")
+    missing = [n for n in names if n not in inputs]
+    if missing or "float32" not in runs:
+        raise where(path, f"input '{missing[0]}' has no ids" if missing else "has no float32 run")
+    return inputs, runs, meta
