@@ -14,10 +14,10 @@ from collections.abc import Callable
 import torch
 import torch.nn as nn
 
-Weights = Callable[[str], torch.Tensor]  # parameter name (as the model names it) → its tensor
+ReadWeight = Callable[[str], torch.Tensor]  # parameter name (as the model names it) → its tensor
 
 
-def fill_blockwise(model: nn.Module, blocks: list[str], weights: Weights) -> nn.Module:
+def fill_blockwise(model: nn.Module, blocks: list[str], weights: ReadWeight) -> nn.Module:
     """Fill ``model``'s parameters outside ``blocks`` now, and each block's as it runs.
 
     ``model`` is on the meta device; ``blocks`` are submodule names (``model.layers.3``);
