@@ -19,7 +19,7 @@ from .loader import Source, load_source, open_source, parse_dtype
 from .output import check_output
 from .parity import Report, compare, parity_inputs
 from .reference import gguf_config_disagreements, reference_steps, transformers_model
-from .reference_file import read_reference, save_reference
+from .reference_file import check_against, read_reference, save_reference
 from .results import Result
 from .sources.hf_folder import open_hf_folder, read_safetensors, read_torch_bin
 from .tokenizer import Tokenizer, load_tokenizer
@@ -94,7 +94,8 @@ def generate(source: str | Path, prompt: str, max_new_tokens: int = 32, *, chat:
     src = open_source(source)
     tok = load_tokenizer(src)
     text = tok.apply_chat_template([{"role": "user", "content": prompt}]) if chat else prompt
-    prompt_ids = encode_prompt(src, text, None)
+    # a chat template writes its own BOS ({{ bos_token }}), as transformers' apply_chat_template assumes
+    prompt_ids = encode_prompt(src, text, None, add_special_tokens=not chat)
     model = load_source(src, dtype)
     stop = {tok.eos_id} if tok.eos_id is not None else set()
     say = on_text or (lambda piece: None)
@@ -118,9 +119,10 @@ def tokenizer_or_none(src: Source) -> Tokenizer | None:
         return None
 
 
-def encode_prompt(src: Source, text: str | None, ids: str | list[int] | None) -> list[int]:
-    """Token ids from ``text`` (through the checkpoint's tokenizer) or ``ids`` (a list, or a string
-    like "464,3139")."""
+def encode_prompt(src: Source, text: str | None, ids: str | list[int] | None,
+                  add_special_tokens: bool = True) -> list[int]:
+    """Token ids from ``text`` (through the checkpoint's tokenizer, adding its BOS where it adds one
+    unless ``add_special_tokens`` is false) or ``ids`` (a list, or a string like "464,3139")."""
     if ids is not None:
         try:
             out = [int(t) for t in (ids.replace(",", " ").split() if isinstance(ids, str) else ids)]
@@ -132,7 +134,7 @@ def encode_prompt(src: Source, text: str | None, ids: str | list[int] | None) ->
     elif text is None:
         raise GptconvError("give a TEXT or --ids")
     else:
-        out = load_tokenizer(src).encode(text)
+        out = load_tokenizer(src).encode(text, add_special_tokens=add_special_tokens)
         if not out:
             raise GptconvError("the text gives no tokens")
     if len(out) > src.config.context_length:
@@ -150,7 +152,7 @@ def verify(source: str | Path, dtype: str = "float32", length: int | None = None
     """Our model against a reference: transformers (live), llama.cpp (a GGUF file), or a recorded file.
 
     At float16 / bfloat16 the reference also runs in that dtype, and ours is judged against the
-    reference's own error (``verify.LOW_PRECISION_FACTOR``). ``blockwise``: run both models one block
+    reference's own error (``parity.LOW_PRECISION_FACTOR``). ``blockwise``: run both models one block
     at a time (``gptconv.blockwise``); by default, when they would not fit in memory side by side.
     """
     if against not in REFERENCES:
@@ -175,6 +177,8 @@ def verify(source: str | Path, dtype: str = "float32", length: int | None = None
         if low and name not in runs:
             raise where(reference_file, f"records no {name} run of the reference; record one with "
                                         f"`gptconv reference --dtype {name}`")
+        ours = {s.name for s in trace_steps(model, torch.zeros(1, 1, dtype=torch.long))[0]}  # a 1-token run
+        check_against(Path(reference_file), inputs, runs, src.config, ours)
         return compare(model, inputs, lambda n, ids: runs["float32"][n], source, f"recorded: {reference_file}",
                        reference_at_dtype=(lambda n, ids: runs[name][n]) if low else None)
     if blockwise is None:
@@ -297,7 +301,10 @@ def inspect(path: str | Path) -> Inspection:
 
 def _short(field) -> object:
     """A GGUF metadata value for display: long arrays (vocabularies, merges) as their length."""
-    value = field.contents()
+    try:
+        value = field.contents()
+    except Exception:  # bytes that do not decode (a string that is not UTF-8): shown as they are
+        value = repr(bytes(field.parts[-1]))[:200] if field.parts else "(unreadable)"
     if isinstance(value, list) and len(value) > 8:
         return f"[{len(value):,} items]"
     return value

@@ -26,7 +26,11 @@ def render(template: str, **variables: object) -> str:
     """``template`` rendered with ``variables`` in Jinja's immutable sandbox, bounded in time,
     memory and output; a GptconvError says which bound it passed or how the template failed."""
     if not hasattr(os, "fork"):
-        return _render(template, variables)  # no fork (Windows): the sandbox alone
+        kind, text = _answer(template, variables)  # no fork (Windows): the sandbox alone
+        if kind == "error":
+            raise GptconvError(text)
+        return text
+    import jinja2.sandbox  # noqa: F401  (imported once here, not in every child)
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: render, send the answer, leave without running the parent's cleanup
@@ -42,10 +46,14 @@ def render(template: str, **variables: object) -> str:
         finally:
             os._exit(status)
     os.close(write_end)
+    answered = False
     try:
         data = _read_until(read_end, time.monotonic() + SECONDS, pid)
+        answered = True
     finally:
         os.close(read_end)
+        if not answered:  # a deadline, Ctrl-C or SIGTERM in the parent: the child goes too, now
+            _kill(pid)
         _reap(pid)
     if not data:
         raise GptconvError("the chat template could not be rendered (its process ended without an answer)")
@@ -64,6 +72,8 @@ def _answer(template: str, variables: dict) -> tuple[str, str]:
         return "error", "the chat template recurses without end; refusing it"
     except GptconvError as e:
         return "error", str(e)
+    except Exception as e:  # the template's own error ({{ 1/0 }}, {{ "a" + 1 }}): untrusted code failing
+        return "error", f"the chat template failed: {type(e).__name__}: {str(e)[:200]}"
 
 
 def _render(template: str, variables: dict) -> str:
@@ -88,8 +98,11 @@ def _render(template: str, variables: dict) -> str:
 
 def _limit_memory() -> None:
     import resource
-    with open("/proc/self/statm") as f:  # pages mapped now (weights included), then MEMORY more
-        mapped = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    try:
+        with open("/proc/self/statm") as f:  # pages mapped now (weights included), then MEMORY more
+            mapped = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:  # no /proc (macOS): the deadline and the output limit still hold
+        return
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
     limit = mapped + MEMORY
     if hard != resource.RLIM_INFINITY:
@@ -99,22 +112,28 @@ def _limit_memory() -> None:
 
 def _read_until(fd: int, deadline: float, pid: int) -> bytes:
     chunks, size = [], 0
+    poller = select.poll()  # not select(): it fails on descriptors past 1023
+    poller.register(fd, select.POLLIN | select.POLLHUP)
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
-            os.kill(pid, signal.SIGKILL)
             raise GptconvError(f"the chat template did not finish rendering in {SECONDS:g} s; refusing it")
-        ready, _, _ = select.select([fd], [], [], left)
-        if not ready:
+        if not poller.poll(left * 1000):
             continue
         chunk = os.read(fd, 1 << 20)
         if not chunk:
             return b"".join(chunks)
         size += len(chunk)
         if size > 12 * MAX_CHARS + 1024:  # JSON of MAX_CHARS characters: at most 12 bytes each (a \uXXXX pair)
-            os.kill(pid, signal.SIGKILL)
             raise GptconvError("the chat template's answer is larger than its output can be; refusing it")
         chunks.append(chunk)
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def _reap(pid: int) -> None:

@@ -131,11 +131,10 @@ def _rename(src: Path, dst: Path, flag: int) -> None:
         if err not in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
             raise OSError(err, os.strerror(err), str(dst))
     if flag == RENAME_NOREPLACE:
-        if not os.path.isdir(src):
-            os.link(src, dst)  # FileExistsError if anything is there
+        if not os.path.isdir(src) and _link(src, dst):  # FileExistsError if anything is there
             os.unlink(src)
             return
-        if os.path.lexists(dst):
+        if os.path.lexists(dst):  # no hard links here either: a check just before a plain rename
             raise FileExistsError(errno.EEXIST, "exists", str(dst))
         os.rename(src, dst)
         return
@@ -146,9 +145,23 @@ def _rename(src: Path, dst: Path, flag: int) -> None:
         os.rename(aside, src)
     else:
         old = src.with_name(src.name + ".old")
-        os.link(dst, old)
-        os.replace(src, dst)
+        if _link(dst, old):
+            os.replace(src, dst)
+        else:  # no hard links (SMB, some FUSE): the old file aside, then the new one in
+            os.rename(dst, old)
+            os.rename(src, dst)
         os.rename(old, src)
+
+
+def _link(src: Path, dst: Path) -> bool:
+    """A hard link; False where the file system has none (SMB, some FUSE), to take another way."""
+    try:
+        os.link(src, dst)
+        return True
+    except OSError as e:
+        if e.errno in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS, errno.EXDEV, errno.EMLINK):
+            return False
+        raise
 
 
 @contextlib.contextmanager

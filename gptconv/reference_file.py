@@ -39,6 +39,8 @@ def read_reference(path: Path) -> tuple[dict[str, torch.Tensor], Runs, dict[str,
         if meta.get("gptconv_reference") != "1":
             raise where(path, "not a gptconv reference file (write one with `gptconv reference`)")
         names = json.loads(meta["inputs"])
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise where(path, "its list of inputs is not a list of names")
         inputs, runs = {}, {}
         for key in f.keys():
             parts = key.split("/")
@@ -49,8 +51,8 @@ def read_reference(path: Path) -> tuple[dict[str, torch.Tensor], Runs, dict[str,
             else:
                 run = parts[1] if len(parts) == 3 else "float32"
                 runs.setdefault(run, {}).setdefault(parts[0], {})[parts[-1]] = f.get_tensor(key)
-    except (SafetensorError, OSError, KeyError, TypeError, json.JSONDecodeError) as e:
-        raise where(path, f"not a readable reference file ({e})") from None
+    except (SafetensorError, OSError, KeyError, TypeError, ValueError, RecursionError) as e:
+        raise where(path, f"not a readable reference file ({type(e).__name__}: {str(e)[:200]})") from None
     for run, records in runs.items():
         missing = [n for n in names if "logits" not in records.get(n, {})]
         if missing:
@@ -59,3 +61,26 @@ def read_reference(path: Path) -> tuple[dict[str, torch.Tensor], Runs, dict[str,
     if missing or "float32" not in runs:
         raise where(path, f"input '{missing[0]}' has no ids" if missing else "has no float32 run")
     return inputs, runs, meta
+
+
+def check_against(path: Path, inputs: dict[str, torch.Tensor], runs: Runs, config: object,
+                  steps: set[str]) -> None:
+    """The recorded file fits the model it is to judge: token ids in its vocabulary and context, only
+    steps the model has (``steps``), each of the shape the model gives it."""
+    for name, ids in inputs.items():
+        if ids.dim() != 2 or ids.dtype not in (torch.int32, torch.int64) or ids.numel() == 0:
+            raise where(path, f"input '{name}': ids are not a (1, T) integer tensor")
+        if int(ids.min()) < 0 or int(ids.max()) >= config.vocab_size or ids.shape[1] > config.context_length:
+            raise where(path, f"input '{name}' does not fit this model (vocabulary {config.vocab_size:,}, "
+                              f"context {config.context_length:,}): recorded for another one?")
+    for run, records in runs.items():
+        for name, recorded in records.items():
+            batch, length = inputs[name].shape
+            for step, t in recorded.items():
+                if step not in steps:
+                    raise where(path, f"the {run} run of '{name}' records a step '{step}' this model does not have")
+                width = config.vocab_size if step == "logits" else config.d_model
+                if tuple(t.shape) != (batch, length, width):
+                    raise where(path, f"the {run} run of '{name}': step '{step}' is {list(t.shape)}, this model "
+                                      f"gives {[batch, length, width]}")
+

@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,7 +23,16 @@ from .sources.files import read_text, regular_file
 def rust_panics(what: str) -> Iterator[None]:
     """A panic inside the ``tokenizers`` library (a backtracking Split regex in a hostile tokenizer.json
     exhausts Oniguruma's retry limit) as a GptconvError. pyo3's PanicException is a BaseException, and
-    Rust prints the panic on stderr itself, so stderr is held for the call and dropped on a panic."""
+    Rust prints the panic on stderr itself, so stderr is held for the call and dropped on a panic;
+    one thread at a time (fd 2 is the process's: two threads swapping it would restore each other's)."""
+    with _STDERR_SWAP:
+        yield from _held_stderr(what)
+
+
+_STDERR_SWAP = threading.RLock()
+
+
+def _held_stderr(what: str) -> Iterator[None]:
     sys.stderr.flush()
     saved = os.dup(2)
     with tempfile.TemporaryFile() as held:

@@ -46,7 +46,7 @@ with torch.no_grad():
             tokens.append(int(ids))
         runs.append({"tokens": tokens, "sha256": [hashlib.sha256(s.float().numpy().tobytes()).hexdigest() for s in steps]})
 torch.save(torch.cat(steps), sys.argv[5])
-blocks_made = [m.__dict__["_made_for"][2] is not None for m in model.modules() if "_made_for" in m.__dict__]
+blocks_made = [m.__dict__["_made_for"][1] is not None for m in model.modules() if "_made_for" in m.__dict__]
 print(json.dumps({"product": linear.one_row_product(), "blocks_used": any(blocks_made), "runs": runs}))
 """
 

@@ -75,4 +75,16 @@ def test_bad_magic_and_truncation(tmp_path):
 
 def test_no_tokenizer_in_file_is_said(tmp_path):
     one_line_error(run_cli("trace", write_llama_gguf(tmp_path / "t.gguf"), "hello"), "t.gguf",
-                   "missing metadata key 'tokenizer.ggml.model'")
+                   "carries no tokenizer")
+
+
+def test_a_gguf_without_tokenizer_still_traces_ids_verifies_and_exports(tmp_path):
+    """No tokenizer is not an error where none is needed: token ids, random-id parity, an HF folder."""
+    f = write_llama_gguf(tmp_path / "t.gguf")
+    r = run_cli("trace", f, "--ids", "1,2,3")
+    assert r.returncode == 0 and "final_norm" in r.stdout, r.stderr
+    r = run_cli("verify", f, "--length", "4")
+    assert r.returncode == 0 and "PASSED" in r.stdout, r.stdout[-1500:] + r.stderr
+    r = run_cli("export", f, "--format", "safetensors", "-o", tmp_path / "hf")
+    assert r.returncode == 0 and (tmp_path / "hf" / "model.safetensors").exists(), r.stderr
+    one_line_error(run_cli("export", f, "--format", "gguf", "-o", tmp_path / "x.gguf"), "t.gguf", "no tokenizer")

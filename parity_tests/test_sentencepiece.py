@@ -118,3 +118,23 @@ def test_a_missing_sentencepiece_is_one_line_naming_the_extra(spm_folder, tmp_pa
     env = {**os.environ, "PYTHONPATH": f"{blocker}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     r = run_cli("trace", spm_folder, "Hello", env=env)
     assert r.returncode == 2 and "gptconv[sentencepiece]" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_a_chat_prompt_has_one_bos(json_folder, tmp_path):
+    """A chat template writes its own BOS; the tokenizer must not add another (as transformers'
+    apply_chat_template, which tokenizes without special tokens)."""
+    import json
+
+    from transformers import AutoTokenizer
+    folder = tmp_path / "chat"
+    shutil.copytree(json_folder, folder)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["chat_template"] = "{{ bos_token }}{% for m in messages %}[{{ m['content'] }}]{% endfor %}"
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    result = gptconv.generate(folder, "Hello there", 1, chat=True)
+    want = AutoTokenizer.from_pretrained(folder).apply_chat_template([{"role": "user", "content": "Hello there"}],
+                                                                     tokenize=True)
+    want = want if isinstance(want, list) else want["input_ids"]  # transformers 5: a BatchEncoding
+    assert result.prompt_ids == list(want)
+    bos = gptconv.load_tokenizer(folder).bos_id
+    assert result.prompt_ids[0] == bos and result.prompt_ids[1] != bos

@@ -439,3 +439,38 @@ def test_llama_kv_heads_zero(llamas, tmp_path):
     shutil.copytree(llamas["llama3-gqa"], d)
     edit_json(d / "config.json", num_key_value_heads=0)
     promise(bounded_cli("pull", d), "config.json", "num_key_value_heads")
+
+
+# --- 16. Found by an outside review of this round: more bad input that must be a one-line error.
+
+@pytest.mark.parametrize("size", ["5iB", "5i", "9" * 400])
+def test_shard_sizes_that_are_not_sizes(ckpts, tmp_path, size):
+    promise(bounded_cli("export", ckpts["tiny"], "--format", "safetensors", "-o", tmp_path / "out",
+                        "--max-shard-size", size), "--max-shard-size")
+
+
+def test_seed_past_what_a_generator_takes(ckpts):
+    promise(bounded_cli("verify", ckpts["tiny"], "--seed", str(2**64)), "--seed")
+
+
+def test_recorded_reference_of_another_model(ckpts, tmp_path):
+    """A reference recorded for one GPT-2 is named as not fitting another, not compared with it."""
+    ref = tmp_path / "odd.safetensors"
+    assert bounded_cli("reference", ckpts["odd"], "-o", ref).returncode == 0
+    promise(bounded_cli("verify", ckpts["tiny"], "--reference", ref), "odd.safetensors")
+
+
+def test_gguf_string_that_is_not_utf8_is_shown_escaped(tmp_path):
+    from gguf import GGUFWriter
+    f = tmp_path / "s.gguf"
+    w = GGUFWriter(str(f), "llama")
+    w.add_string("general.name", "Ñame")  # 0xC3 0x91 in UTF-8; the 0xC3 is then made a lone 0xFF below
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    data = f.read_bytes()
+    f.write_bytes(data.replace("Ñame".encode(), b"\xff\x91ame"))
+    r = bounded_cli("inspect", f)
+    assert r.returncode == 0 and "general.name" in r.stdout and "\\xff" in r.stdout, r.stdout + r.stderr
+    assert bounded_cli("inspect", f, "--json").returncode == 0

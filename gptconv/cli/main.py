@@ -2,7 +2,7 @@
 
 Exit status: 0 success; 1 a parity check failed; 2 bad input or usage (one line on stderr,
 ``--debug`` for the traceback); 3 an error gptconv did not expect, which is a bug (one line too);
-130 interrupted.
+130 interrupted, 143 terminated; a reader that leaves a pipe early (``| head``) ends it quietly, 0.
 """
 
 from __future__ import annotations
@@ -38,11 +38,16 @@ class Group(click.Group):
             fail(ctx, "terminated", code=143)
         except BrokenPipeError:  # `gptconv inspect … | head`: the reader left; say nothing more
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            sys.exit(1)
+            sys.exit(0)
         except OSError as e:  # the system refused a file operation: a path or the machine, not a bug
             fail(ctx, f"{e.filename}: {e.strerror}" if e.filename and e.strerror else f"{type(e).__name__}: {_line(e)}")
         except MemoryError:
             fail(ctx, "out of memory")
+        except RuntimeError as e:  # torch reports a failed allocation as a RuntimeError
+            if "can't allocate memory" not in str(e) and "not enough memory" not in str(e):
+                fail(ctx, f"internal error, a bug in gptconv: RuntimeError: {_line(e)} "
+                          "(rerun with --debug for the traceback)", code=BUG)
+            fail(ctx, f"out of memory ({_line(e)})")
         except BaseException as e:  # a bug (a Rust panic is a BaseException too): one line, its own status
             if isinstance(e, (SystemExit, GeneratorExit)):
                 raise
@@ -70,13 +75,16 @@ class ByteSize(click.ParamType):
     def convert(self, value, param, ctx):
         if isinstance(value, int):
             return value
-        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)?\s*", str(value), re.IGNORECASE)
+        m = re.fullmatch(r"\s*(\d{1,15}(?:\.\d{1,15})?)\s*([KMGT]i?)?B?\s*", str(value), re.IGNORECASE)
         if not m:
-            self.fail(f"'{value}': expected a size like 5GB or 500MB", param, ctx)
-        size = int(float(m.group(1)) * self.UNITS[(m.group(2) or "").upper().rstrip("B")])
+            self.fail(f"'{str(value)[:40]}': expected a size like 5GB, 500MB or 2GiB", param, ctx)
+        size = int(float(m.group(1)) * self.UNITS[(m.group(2) or "").upper()])
         if size <= 0:
             self.fail(f"'{value}' must be positive", param, ctx)
         return size
+
+
+SEED = click.IntRange(0, 2**63 - 1)  # torch.Generator.manual_seed's range
 
 
 def _line(e: BaseException) -> str:
@@ -141,7 +149,7 @@ def trace(source: str, text: str | None, ids: str | None, dtype: str) -> None:
 @click.option("--temperature", default=0.0, show_default=True, type=FiniteFloat(0, 100),
               help="0 is greedy.")
 @click.option("--top-k", default=None, type=click.IntRange(1), help="Sample from the k most likely tokens.")
-@click.option("--seed", default=None, type=int, help="Seed for sampling.")
+@click.option("--seed", default=None, type=SEED, help="Seed for sampling.")
 @click.option("--chat", is_flag=True, help="Wrap PROMPT as a user message in the model's chat template.")
 @dtype_opt
 def generate(source: str, prompt: str, max_new_tokens: int, temperature: float, top_k: int | None,
@@ -157,7 +165,7 @@ def generate(source: str, prompt: str, max_new_tokens: int, temperature: float, 
 @source_arg
 @dtype_opt
 @click.option("--length", default=None, type=click.IntRange(1), help="Random-input length [full context, ≤ 1024].")
-@click.option("--seed", default=0, show_default=True, help="Seed of the random input ids.")
+@click.option("--seed", default=0, show_default=True, type=SEED, help="Seed of the random input ids.")
 @click.option("--reference", "reference_file", type=click.Path(path_type=Path), default=None,
               help="Compare with a file from `gptconv reference` instead of running transformers.")
 @click.option("--stream/--no-stream", default=None,
@@ -187,7 +195,7 @@ def verify(source: str, dtype: str, length: int | None, seed: int, reference_fil
 @source_arg
 @click.option("-o", "--output", required=True, type=click.Path(path_type=Path, dir_okay=False))
 @click.option("--length", default=None, type=click.IntRange(1))
-@click.option("--seed", default=0, show_default=True)
+@click.option("--seed", default=0, show_default=True, type=SEED)
 @click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "bfloat16", "float16"]),
               help="Also record the reference's own run in this dtype, for `verify --dtype` of the same.")
 @revision_opt

@@ -50,7 +50,7 @@ def verify_report(r) -> None:
     tol = r.tolerance
     click.echo(f"verify {r.source} ({r.dtype}) against {r.reference}")
     click.echo("inputs: " + ", ".join(f"{n} ({t} tokens)" for n, t in r.inputs.items())
-               + f"; one-row product: {r.one_row_product}")
+               + f"; one-row product setting: {r.one_row_product}")
     factor = tol.get("low_precision_factor")
     if factor is None:
         click.echo(f"tolerance: max|Δ| ≤ {tol['atol']:g} + {tol['rtol']:g}·max|ref| per step; "

@@ -7,7 +7,7 @@
 - ``spm``, ``gguf_tokenizer``, ``hf_vocab``: tokenizer formats (SentencePiece, GGUF, an HF folder's
   tokenizer as llama.cpp's converter writes it).
 
-Files are read in ``gptconv.sources``; this package only maps what they hold.
+Files are read in ``gptconv.sources``; this package says what they mean.
 """
 
 from __future__ import annotations

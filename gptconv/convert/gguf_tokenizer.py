@@ -95,7 +95,7 @@ class GGUFVocab:
     @classmethod
     def read(cls, f) -> GGUFVocab:
         """From a file's metadata (``gguf.GGUFFields``), every array checked against the token count."""
-        model = f.get(Keys.Tokenizer.MODEL, str)
+        model = f.get(Keys.Tokenizer.MODEL, str, None)
         if model is None:
             raise NoTokenizer(f"{f.path}: carries no tokenizer ({Keys.Tokenizer.MODEL} is absent)")
         if model not in ("gpt2", "llama"):

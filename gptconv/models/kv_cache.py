@@ -28,6 +28,7 @@ class KVCache:
         self.k = torch.zeros((n_layers, batch, n_kv_heads, capacity, head_dim), dtype=dtype, device=device)
         self.v = torch.zeros_like(self.k)
         self.pos = 0  # how many positions are already stored
+        self._next_layer = 0  # the layer whose keys/values come next in this step
 
     @classmethod
     def for_model(cls, model: torch.nn.Module, batch: int, max_len: int, reserve: int | None = None) -> KVCache:
@@ -41,7 +42,11 @@ class KVCache:
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store the new (B, n_kv, T, hd) keys/values of ``layer``; return all keys/values so far.
-        When the last layer has stored its step, the cache moves past it."""
+        Every layer stores each step once, in order; after the last one the cache moves past the step
+        (a layer that skipped the cache would otherwise leave it silently behind)."""
+        if layer != self._next_layer:
+            raise ValueError(f"KV cache: layer {layer} stored where layer {self._next_layer} was expected "
+                             "(every layer stores each step once, in order)")
         end = self.pos + k.size(2)
         if end > self.max_len:
             raise ValueError(f"KV cache holds {self.max_len} positions; {end} were asked for")
@@ -50,7 +55,8 @@ class KVCache:
         self.k[layer, :, :, self.pos : end] = k
         self.v[layer, :, :, self.pos : end] = v
         keys, values = self.k[layer, :, :, :end], self.v[layer, :, :, :end]
-        if layer == self.k.size(0) - 1:
+        self._next_layer = (layer + 1) % self.k.size(0)
+        if self._next_layer == 0:
             self.pos = end
         return keys, values
 

@@ -109,8 +109,11 @@ class Linear(nn.Linear):
         product = one_row_product()  # read (and checked) at the first forward, prompt or not
         if product == "blas" or not _one_row_on_cpu(x):
             return F.linear(x, self.weight, self.bias)
+        w = self.weight
+        # the views hold the weight's memory: remade when that memory changes (``.data =``, ``.to()``)
+        key = (w.data_ptr(), w.dtype, tuple(w.shape), w.stride(), torch.get_num_threads())
         made = self.__dict__.get("_made_for")
-        if made is None or made[0] is not self.weight or made[1] != torch.get_num_threads():
-            self.__dict__["_made_for"] = (self.weight, torch.get_num_threads(), _blocks(self.weight, x))
-        split = self.__dict__["_made_for"][2]
+        if made is None or made[0] != key:
+            self.__dict__["_made_for"] = (key, _blocks(w, x))
+        split = self.__dict__["_made_for"][1]
         return F.linear(x, self.weight, self.bias) if split is None else split(x, self.bias)

@@ -98,11 +98,11 @@ class CheckedReader(GGUFReader):
     # item (a 12 MB file of a million empty arrays took 42 s and 1.5 GB): a few are allowed, not more.
     MOST_NESTED = 1024
 
-    def _get(self, offset, dtype, count=1, override_order=None):
+    def _get(self, offset, dtype, count=1, override_order=None, **kwargs):
         end = int(offset) + int(np.dtype(dtype).itemsize) * int(count)
         if end > len(self.data):
             raise ValueError(f"a read at byte {int(offset):,} runs past the end of the file ({len(self.data):,} bytes)")
-        return super()._get(offset, dtype, count, override_order)
+        return super()._get(offset, dtype, count, override_order, **kwargs)
 
     def _get_field_parts(self, orig_offs, raw_type):
         if raw_type == GGUFValueType.ARRAY:

@@ -9,6 +9,7 @@ shapes, dtypes) without reading them, and each is read from a memory map when as
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import re
 import warnings
@@ -204,8 +205,10 @@ def read_torch_bin(path: Path) -> dict[str, TensorInfo]:
             raise where(path, f"refused: torch.load(weights_only=True) cannot read this pickle "
                               f"({_pickle_problem(e)}); gptconv loads .bin files only that way") from None
         raise where(path, f"not a readable PyTorch checkpoint (its pickle is corrupt: {_pickle_problem(e)})") from None
-    except (RuntimeError, OSError, EOFError, ValueError, zipfile.BadZipFile) as e:
-        raise where(path, f"not a readable PyTorch checkpoint ({_first_line(e)})") from None
+    except MemoryError:
+        raise
+    except Exception as e:  # torch.load's own checks raise RuntimeError, TypeError, AssertionError, …
+        raise where(path, f"not a readable PyTorch checkpoint ({type(e).__name__}: {_first_line(e)})") from None
     if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
                                               for k, v in state.items()):
         raise where(path, "not a state dict of name → tensor")
@@ -248,9 +251,11 @@ def _check_records(path: Path, state: dict[str, torch.Tensor]) -> None:
             storages.setdefault(s.data_ptr(), (name, s.nbytes()))
     if not storages:
         return
-    first = min(storages)  # the mapping's base: the one that puts every storage at a record's start
-    base = next((first - start for start in records
-                 if all(ptr - (first - start) in records for ptr in storages)), None)
+    first = min(storages)
+    base = _mapping_base(path, first)
+    if base is None:  # no /proc: the base that puts every storage at a record's start (slower)
+        base = next((first - start for start in records
+                     if all(ptr - (first - start) in records for ptr in storages)), None)
     for ptr, (name, nbytes) in sorted(storages.items()):
         size = records.get(ptr - base) if base is not None else None
         if size is None:
@@ -258,6 +263,22 @@ def _check_records(path: Path, state: dict[str, torch.Tensor]) -> None:
         if nbytes > size:
             raise where(path, f"tensor '{name}' needs {nbytes:,} bytes but its record holds {size:,} "
                               "(a truncated or altered archive)")
+
+
+def _mapping_base(path: Path, ptr: int) -> int | None:
+    """Where byte 0 of ``path`` is in memory, from the mapping (``/proc/self/maps``) that holds ``ptr``."""
+    try:
+        inode = os.stat(path).st_ino
+        with open("/proc/self/maps") as f:
+            for line in f:
+                fields = line.split(maxsplit=5)
+                if len(fields) == 6 and int(fields[4]) == inode:
+                    low, high = (int(x, 16) for x in fields[0].split("-"))
+                    if low <= ptr < high:
+                        return low - int(fields[2], 16)
+    except (OSError, ValueError):
+        pass
+    return None
 
 
 def _first_line(e: BaseException) -> str:
