@@ -119,30 +119,34 @@ def test_a_bad_value_is_an_error_when_read_not_at_import(monkeypatch, one_row):
     assert linear_module.one_row_product() == "blas"
 
 
-def test_the_block_views_are_made_once_per_weight_and_thread_count(monkeypatch, one_row):
+@pytest.fixture
+def blocks_on_two_threads(one_row):
+    """The block product in force, on 2 threads (it needs at least 2); the old count afterwards."""
     one_row("blocks")
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(old)
+
+
+def test_the_block_views_are_made_once_per_weight_and_thread_count(monkeypatch, one_row, blocks_on_two_threads):
     made = []
     real = linear_module._blocks
     monkeypatch.setattr(linear_module, "_blocks", lambda weight, x: made.append(weight.shape) or real(weight, x))
-    old = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        m = Linear(48, 64, bias=False)
-        x = torch.randn(1, 48)
-        with torch.no_grad():
-            for _ in range(3):
-                torch.testing.assert_close(m(x), F.linear(x, m.weight))
-            assert len(made) == 1 and m.__dict__["_made_for"][1] is not None  # the block product, made once
-            m(torch.randn(5, 48))  # a prompt: F.linear, nothing made
-            assert len(made) == 1
-            torch.set_num_threads(3)
-            m(x)
-            assert len(made) == 2
-            one_row("blas")
-            m(x)
-            assert len(made) == 2
-    finally:
-        torch.set_num_threads(old)
+    m = Linear(48, 64, bias=False)
+    x = torch.randn(1, 48)
+    with torch.no_grad():
+        for _ in range(3):
+            torch.testing.assert_close(m(x), F.linear(x, m.weight))
+        assert len(made) == 1 and m.__dict__["_made_for"][1] is not None  # the block product, made once
+        m(torch.randn(5, 48))  # a prompt: F.linear, nothing made
+        assert len(made) == 1
+        torch.set_num_threads(3)
+        m(x)
+        assert len(made) == 2
+        one_row("blas")
+        m(x)
+        assert len(made) == 2
 
 
 def test_no_timing_in_the_models():
@@ -155,22 +159,16 @@ def test_no_timing_in_the_models():
             assert clock not in text, f"{path.name}: {clock}"
 
 
-def test_block_views_follow_the_weight_they_were_made_of(one_row):
+def test_block_views_follow_the_weight_they_were_made_of(blocks_on_two_threads):
     """Views made for one weight are remade when its memory changes (``.data =``, ``.to()``)."""
-    one_row("blocks")
-    old = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        m = Linear(48, 64, bias=False)
-        x = torch.randn(1, 48)
-        with torch.no_grad():
-            m(x)
-            m.weight.data = torch.zeros(64, 48)
-            assert m(x).abs().max().item() == 0.0
-            m.to(torch.float64)
-            torch.testing.assert_close(m(x.double()), F.linear(x.double(), m.weight))
-    finally:
-        torch.set_num_threads(old)
+    m = Linear(48, 64, bias=False)
+    x = torch.randn(1, 48)
+    with torch.no_grad():
+        m(x)
+        m.weight.data = torch.zeros(64, 48)
+        assert m(x).abs().max().item() == 0.0
+        m.to(torch.float64)
+        torch.testing.assert_close(m(x.double()), F.linear(x.double(), m.weight))
 
 
 def test_kv_cache_refuses_a_layer_out_of_order():
