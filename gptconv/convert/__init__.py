@@ -44,6 +44,7 @@ HF_FAMILIES: dict[str, HFFamily] = {
 # GGUF general.architecture → (config from the file's metadata and tensors, key map for that config)
 GGUF_ARCHS: dict[str, tuple[Callable[[Any, dict[str, TensorInfo]], Any], Callable[[Any], KeyMap]]] = {
     "llama": (llama_config_from_gguf, llama_gguf_keymap),
+    "qwen2": (llama_config_from_gguf, lambda config: llama_gguf_keymap(config, "qwen2")),
     "gpt2": (gpt2_config_from_gguf, lambda config: GPT2_GGUF),
 }
 

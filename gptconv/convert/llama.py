@@ -204,14 +204,17 @@ _LLAMA_GGUF_LAYER = [  # (llama.cpp's tensor, ours, transform), weight and bias 
 ]
 
 
-def llama_gguf_keymap(config: LlamaConfig) -> KeyMap:
+def llama_gguf_keymap(config: LlamaConfig, arch: str = "llama") -> KeyMap:
+    """llama.cpp's names. Its ``llama`` architecture rotates interleaved pairs, so Q and K rows are
+    permuted (PERMUTE_Q / PERMUTE_K); its ``qwen2`` rotates halves as HF does, so nothing is."""
     head = (Tied(gguf_name(T.OUTPUT), "tok_emb.weight") if config.tie_embeddings
             else Map(gguf_name(T.OUTPUT), "lm_head.weight"))
-    return KeyMap("llama (GGUF)", [
+    permuted = arch == "llama"
+    return KeyMap(f"{arch} (GGUF)", [
         Map(gguf_name(T.TOKEN_EMBD), "tok_emb.weight"),
         Map(gguf_name(T.ATTN_NORM), "blocks.{i}.norm1.weight"),
         Map(gguf_name(T.FFN_NORM), "blocks.{i}.norm2.weight"),
-        *(Map(gguf_name(src, p), f"blocks.{{i}}.{dst}.{p}", *([t] if t else []))
+        *(Map(gguf_name(src, p), f"blocks.{{i}}.{dst}.{p}", *([t] if t and permuted else []))
           for src, dst, t in _LLAMA_GGUF_LAYER for p in ("weight", "bias")),
         Map(gguf_name(T.OUTPUT_NORM), "norm_f.weight"),
         head,
