@@ -179,16 +179,22 @@ CONVERTER_FIXTURES = {
     "llama2-spm": ("llama", "llama-spm", dict(
         vocab_size=32000, max_position_embeddings=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=4, intermediate_size=176, bos_token_id=1, eos_token_id=2)),
+    "qwen2": ("qwen2", "qwen2", dict(
+        vocab_size=151936, max_position_embeddings=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, intermediate_size=128, rope_theta=1000000.0, tie_word_embeddings=False)),
 }
 
 
 def make_converter_fixture(folder: Path, name: str, vocab_gguf: Path) -> Path:
-    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+    from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config,
+                              Qwen2ForCausalLM)
     import llama_cpp_tools
     arch, _, kwargs = CONVERTER_FIXTURES[name]
     torch.manual_seed(0)
     if arch == "gpt2":
         model = GPT2LMHeadModel(GPT2Config(**kwargs, initializer_range=0.2))
+    elif arch == "qwen2":
+        model = Qwen2ForCausalLM(Qwen2Config(**kwargs, initializer_range=0.2))
     else:
         model = LlamaForCausalLM(LlamaConfig(**kwargs, initializer_range=0.2))
     _scramble_norms(model)

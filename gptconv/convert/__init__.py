@@ -49,9 +49,17 @@ GGUF_ARCHS: dict[str, tuple[Callable[[Any, dict[str, TensorInfo]], Any], Callabl
 }
 
 
+def gguf_arch(config: Any) -> str:
+    """The GGUF architecture llama.cpp's converter writes ``config`` as: Qwen2's layout (q/k/v biases,
+    none on the output) is ``qwen2``, whose Q/K rows stay in HF's order."""
+    if config.arch == "llama" and config.qkv_bias and not config.o_bias:
+        return "qwen2"
+    return config.arch
+
+
 def hf_family(config: Any) -> HFFamily:
     """The HF family that writes and reads ``config`` (our architecture name → an HF model_type)."""
     return HF_FAMILIES[{"gpt2": "gpt2", "llama": "llama"}[config.arch]]
 
 
-__all__ = ["GGUF_ARCHS", "GPT2_HF", "HFFamily", "HF_FAMILIES", "KeyMap", "hf_family", "Plan", "TensorInfo", "model_shapes"]
+__all__ = ["GGUF_ARCHS", "gguf_arch", "GPT2_HF", "HFFamily", "HF_FAMILIES", "KeyMap", "hf_family", "Plan", "TensorInfo", "model_shapes"]

@@ -24,7 +24,7 @@ from typing import Any
 from tokenizers import Tokenizer as HFTokenizer
 
 from ..errors import where
-from . import spm
+from . import gguf_arch, spm
 from ..sources.hf_folder import read_json_object, token_content
 from .gguf_tokenizer import BYTE, CONTROL, ID_KEYS, NORMAL, PRE_TOKENIZER_NAMES, UNUSED, USER_DEFINED, GGUFVocab
 
@@ -49,12 +49,12 @@ def vocab_of_folder(folder: Path, cfg: Any, tk: HFTokenizer, chat_template: str 
     elif model.get("type") == "BPE" and model.get("byte_fallback"):
         vocab = _from_byte_fallback_bpe(folder, tk, model, n_vocab)
     elif model.get("type") == "BPE":
-        vocab = _from_byte_level_bpe(folder, tk, spec, n_vocab)
+        vocab = _from_byte_level_bpe(folder, tk, spec, n_vocab, gguf_arch(cfg))
     else:
         raise where(folder, f"a {model.get('type')} tokenizer cannot be written to GGUF (BPE and SentencePiece can)")
     vocab.special, vocab.add = _special_tokens(folder, config, len(vocab.tokens))
     vocab.chat_template = chat_template
-    if cfg.arch == "llama" and isinstance(config.get("add_prefix_space"), bool):  # the converter's Llama rule
+    if gguf_arch(cfg) == "llama" and isinstance(config.get("add_prefix_space"), bool):  # the converter's Llama rule
         vocab.add_space_prefix = config["add_prefix_space"]
     return vocab
 
@@ -97,13 +97,13 @@ def _from_byte_fallback_bpe(folder: Path, tk: HFTokenizer, model: dict, n_vocab:
     return GGUFVocab("llama", "default", tokens, types, scores)
 
 
-def _from_byte_level_bpe(folder: Path, tk: HFTokenizer, spec: dict, n_vocab: int) -> GGUFVocab:
+def _from_byte_level_bpe(folder: Path, tk: HFTokenizer, spec: dict, n_vocab: int, arch: str) -> GGUFVocab:
     tokens, types = _tokens(folder, tk, n_vocab)
     merges = [m if isinstance(m, str) else " ".join("".join(chr(ord(c) + 256) if c == " " else c for c in part)
                                                      for part in m)
               for m in spec["model"].get("merges", [])]
     vocab = GGUFVocab("gpt2", None, tokens, types, merges=merges)
-    vocab.pre = _pre_tokenizer_name(folder, tk, vocab)
+    vocab.pre = _pre_tokenizer_name(folder, tk, vocab, first="qwen2" if arch == "qwen2" else None)
     return vocab
 
 
@@ -115,13 +115,16 @@ CHECK_TEXT = ("\n \n\n \t\t x\r\n  y   z    \n\n\n w 7 42 314 2718 31415 271828 
               "Cửa Việt 你好世界 こんにちは 안녕 🙂🚀 👩‍👩‍👧 abc123def x2024y ____ $$ 100% #tag @user")
 
 
-def _pre_tokenizer_name(folder: Path, tk: HFTokenizer, vocab: GGUFVocab) -> str:
+def _pre_tokenizer_name(folder: Path, tk: HFTokenizer, vocab: GGUFVocab, first: str | None = None) -> str:
     """The llama.cpp pre-tokenizer under which this vocabulary tokenizes CHECK_TEXT as the folder's
     tokenizer does, the most specific first (as llama.cpp's converter names it by hashing the ids of
     such a text). SmolLM2's tokenizer.json, written by transformers, splits as GPT-2 does, and its
     vocabulary has no two-digit tokens, so "smollm" (digits apart) and "gpt-2" both fit: "smollm"."""
     want = tk.encode(CHECK_TEXT, add_special_tokens=False).ids
-    for name in ("smollm", "llama-bpe", "qwen2", "gpt-2"):
+    order = ("smollm", "llama-bpe", "qwen2", "gpt-2")
+    if first is not None:  # the model's own family first, where two names split this vocabulary alike
+        order = (first, *(n for n in order if n != first))
+    for name in order:
         vocab.pre = name
         if vocab.tokenizer(folder).encode(CHECK_TEXT, add_special_tokens=False).ids == want:
             return name

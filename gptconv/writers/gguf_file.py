@@ -17,7 +17,7 @@ from gguf.quants import quant_shape_to_byte_shape, quantize
 
 from ..errors import where
 from ..models.rope import rope_frequencies
-from ..convert import GGUF_ARCHS
+from ..convert import GGUF_ARCHS, gguf_arch
 from ..convert.gguf_tokenizer import GGUFVocab
 from ..convert.hf_vocab import vocab_of_folder
 from ..output import TailHash, WriteBehind
@@ -29,7 +29,7 @@ WEIGHT_TYPES = {"f32": Q.F32, "f16": Q.F16, "bf16": Q.BF16, "q8_0": Q.Q8_0}
 
 
 def write_gguf(weights: Weights, src, tokenizer, path: Path, dtype: str, narrow: Narrowing, name: str) -> ExportedFile:
-    w = GGUFWriter(str(path), weights.config.arch)
+    w = GGUFWriter(str(path), gguf_arch(weights.config))
     with TailHash(path) as sha:  # hashes the file as it grows
         try:
             _write(w, weights, src, tokenizer, dtype, narrow, name)
@@ -40,7 +40,7 @@ def write_gguf(weights: Weights, src, tokenizer, path: Path, dtype: str, narrow:
 
 def _write(w: GGUFWriter, weights: Weights, src, tokenizer, dtype: str, narrow: Narrowing, name: str) -> None:
     cfg = weights.config
-    keymap = GGUF_ARCHS[cfg.arch][1](cfg)
+    keymap = GGUF_ARCHS[gguf_arch(cfg)][1](cfg)
     w.add_name(Path(name).stem)
     w.add_file_type(FILE_TYPES[dtype])
     _add_hparams(w, cfg)
@@ -125,13 +125,17 @@ def _add_hparams(w: GGUFWriter, cfg) -> None:
     if cfg.arch == "gpt2":
         w.add_layer_norm_eps(cfg.norm_eps)
         return
-    w.add_vocab_size(cfg.vocab_size)  # llama.cpp's converter writes it for the Llama family only
+    llama = gguf_arch(cfg) == "llama"  # qwen2: the converter's base keys only
+    if llama:
+        w.add_vocab_size(cfg.vocab_size)  # llama.cpp's converter writes it for the Llama architecture only
     w.add_head_count_kv(cfg.n_kv_heads)
     w.add_layer_norm_rms_eps(cfg.norm_eps)
     w.add_rope_freq_base(cfg.rope_theta)
-    w.add_rope_dimension_count(cfg.head_dim)
-    w.add_key_length(cfg.head_dim)  # as the converter writes them from config.json's head_dim
-    w.add_value_length(cfg.head_dim)
+    if llama:
+        w.add_rope_dimension_count(cfg.head_dim)
+    if llama or cfg.head_dim != cfg.d_model // cfg.n_heads:  # qwen2: llama.cpp takes d / heads unless told
+        w.add_key_length(cfg.head_dim)  # as the converter writes them from config.json's head_dim
+        w.add_value_length(cfg.head_dim)
     if cfg.rope_scaling is not None and cfg.rope_scaling.kind == "linear":
         w.add_rope_scaling_type(RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(cfg.rope_scaling.factor)
