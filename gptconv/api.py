@@ -65,10 +65,10 @@ def trace(source: str | Path, text: str | None = None, ids: str | list[int] | No
           dtype: str = "float32") -> Trace:
     """Each named step of the forward pass on ``text`` (or token ``ids``), with its shape and statistics."""
     src = open_source(source)
-    prompt = encode_prompt(src, text, ids)
+    tok = tokenizer_or_none(src)
+    prompt = encode_prompt(src, text, ids, tokenizer=tok)
     steps, logits = trace_steps(load_source(src, dtype), torch.tensor([prompt]))
     top = torch.topk(torch.softmax(logits[0, -1].float(), -1), 5)
-    tok = tokenizer_or_none(src)
     words = [tok.decode([int(i)]) if tok is not None else None for i in top.indices]
     return Trace(str(source), src.arch, src.config, prompt, steps,
                  [(int(i), w, float(p)) for i, w, p in zip(top.indices, words, top.values)])
@@ -95,7 +95,7 @@ def generate(source: str | Path, prompt: str, max_new_tokens: int = 32, *, chat:
     tok = load_tokenizer(src)
     text = tok.apply_chat_template([{"role": "user", "content": prompt}]) if chat else prompt
     # a chat template writes its own BOS ({{ bos_token }}), as transformers' apply_chat_template assumes
-    prompt_ids = encode_prompt(src, text, None, add_special_tokens=not chat)
+    prompt_ids = encode_prompt(src, text, None, add_special_tokens=not chat, tokenizer=tok)
     model = load_source(src, dtype)
     stop = {tok.eos_id} if tok.eos_id is not None else set()
     say = on_text or (lambda piece: None)
@@ -120,7 +120,7 @@ def tokenizer_or_none(src: Source) -> Tokenizer | None:
 
 
 def encode_prompt(src: Source, text: str | None, ids: str | list[int] | None,
-                  add_special_tokens: bool = True) -> list[int]:
+                  add_special_tokens: bool = True, tokenizer: Tokenizer | None = None) -> list[int]:
     """Token ids from ``text`` (through the checkpoint's tokenizer, adding its BOS where it adds one
     unless ``add_special_tokens`` is false) or ``ids`` (a list, or a string like "464,3139")."""
     if ids is not None:
@@ -134,7 +134,7 @@ def encode_prompt(src: Source, text: str | None, ids: str | list[int] | None,
     elif text is None:
         raise GptconvError("give a TEXT or --ids")
     else:
-        out = load_tokenizer(src).encode(text, add_special_tokens=add_special_tokens)
+        out = (tokenizer or load_tokenizer(src)).encode(text, add_special_tokens=add_special_tokens)
         if not out:
             raise GptconvError("the text gives no tokens")
     if len(out) > src.config.context_length:

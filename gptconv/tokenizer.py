@@ -15,7 +15,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, processors
 
 from .sources.hf_folder import read_json_object, token_content
-from .errors import GptconvError, NoTokenizer, where
+from .errors import GptconvError, NoTokenizer, first_line, where
 from .sources.files import read_text, regular_file
 
 
@@ -42,7 +42,7 @@ def _held_stderr(what: str) -> Iterator[None]:
         except BaseException as e:
             if type(e).__name__ != "PanicException":
                 raise
-            raise GptconvError(f"{what} ({_first_line(e)})") from None
+            raise GptconvError(f"{what} ({first_line(e)})") from None
         finally:
             os.dup2(saved, 2)
             os.close(saved)
@@ -95,7 +95,7 @@ class Tokenizer:
             except GptconvError:
                 raise
             except Exception as e:  # the library raises plain Exception for a corrupt file
-                raise where(folder / "tokenizer.json", f"not a readable tokenizer ({_first_line(e)})") from None
+                raise where(folder / "tokenizer.json", f"not a readable tokenizer ({first_line(e)})") from None
             if config.get("tokenizer_class") in ("LlamaTokenizer", "LlamaTokenizerFast"):
                 _as_transformers_llama(tk, config)
         elif (folder / "tokenizer.model").exists():
@@ -205,8 +205,3 @@ def gguf_tokenizer(fields) -> Tokenizer:
     s = vocab.special
     return Tokenizer(vocab.tokenizer(fields.path), s.get("eos"), s.get("bos"), vocab.chat_template, s.get("pad"),
                      s.get("unk"))
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0][:200] if text else type(e).__name__

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import click
 
-from ..errors import GptconvError
+from ..errors import GptconvError, first_line
 from ..output import Terminated
 from . import render
 
@@ -40,18 +40,18 @@ class Group(click.Group):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             sys.exit(0)
         except OSError as e:  # the system refused a file operation: a path or the machine, not a bug
-            fail(ctx, f"{e.filename}: {e.strerror}" if e.filename and e.strerror else f"{type(e).__name__}: {_line(e)}")
+            fail(ctx, f"{e.filename}: {e.strerror}" if e.filename and e.strerror else f"{type(e).__name__}: {first_line(e)}")
         except MemoryError:
             fail(ctx, "out of memory")
         except RuntimeError as e:  # torch reports a failed allocation as a RuntimeError
             if "can't allocate memory" not in str(e) and "not enough memory" not in str(e):
-                fail(ctx, f"internal error, a bug in gptconv: RuntimeError: {_line(e)} "
+                fail(ctx, f"internal error, a bug in gptconv: RuntimeError: {first_line(e)} "
                           "(rerun with --debug for the traceback)", code=BUG)
-            fail(ctx, f"out of memory ({_line(e)})")
+            fail(ctx, f"out of memory ({first_line(e)})")
         except BaseException as e:  # a bug (a Rust panic is a BaseException too): one line, its own status
             if isinstance(e, (SystemExit, GeneratorExit)):
                 raise
-            fail(ctx, f"internal error, a bug in gptconv: {type(e).__name__}: {_line(e)} "
+            fail(ctx, f"internal error, a bug in gptconv: {type(e).__name__}: {first_line(e)} "
                       "(rerun with --debug for the traceback)", code=BUG)
 
 
@@ -86,10 +86,6 @@ class ByteSize(click.ParamType):
 
 SEED = click.IntRange(0, 2**63 - 1)  # torch.Generator.manual_seed's range
 
-
-def _line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0][:300] if text else ""
 
 
 def fail(ctx: click.Context, message: str, code: int = 2) -> None:

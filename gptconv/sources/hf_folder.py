@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from safetensors import SafetensorError, safe_open
 
-from ..errors import where
+from ..errors import first_line, where
 from .files import UNLIMITED, read_text, regular_file
 from ..convert.keymap import TensorInfo
 
@@ -54,7 +54,7 @@ def read_json(path: Path) -> Any:
     except json.JSONDecodeError as e:
         raise where(path, f"not valid JSON ({e})") from None
     except ValueError as e:  # an integer of thousands of digits: Python's conversion limit
-        raise where(path, f"not valid JSON ({_first_line(e)})") from None
+        raise where(path, f"not valid JSON ({first_line(e)})") from None
 
 
 def read_json_object(path: Path) -> dict[str, Any]:
@@ -168,7 +168,7 @@ def read_safetensors(path: Path, backend: str = "mmap") -> dict[str, TensorInfo]
                                                                                    path, name))
         return infos
     except (SafetensorError, OSError) as e:
-        raise where(path, f"not a readable safetensors file ({_first_line(e)})") from None
+        raise where(path, f"not a readable safetensors file ({first_line(e)})") from None
 
 
 def _safetensors_loader(handle: Any, path: Path, name: str):
@@ -181,7 +181,7 @@ def _safetensors_loader(handle: Any, path: Path, name: str):
             with safe_open(str(path), framework="pt", device="cpu") as own:
                 return own.get_tensor(name)
         except (SafetensorError, OSError) as e:
-            raise where(path, f"tensor '{name}' cannot be read ({_first_line(e)})") from None
+            raise where(path, f"tensor '{name}' cannot be read ({first_line(e)})") from None
     return load
 
 
@@ -208,7 +208,7 @@ def read_torch_bin(path: Path) -> dict[str, TensorInfo]:
     except MemoryError:
         raise
     except Exception as e:  # torch.load's own checks raise RuntimeError, TypeError, AssertionError, …
-        raise where(path, f"not a readable PyTorch checkpoint ({type(e).__name__}: {_first_line(e)})") from None
+        raise where(path, f"not a readable PyTorch checkpoint ({type(e).__name__}: {first_line(e)})") from None
     if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
                                               for k, v in state.items()):
         raise where(path, "not a state dict of name → tensor")
@@ -279,8 +279,3 @@ def _mapping_base(path: Path, ptr: int) -> int | None:
     except (OSError, ValueError):
         pass
     return None
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0] if text else type(e).__name__
