@@ -249,9 +249,11 @@ def _inputs(src: Source, length: int | None, seed: int) -> dict:
 
 
 def _length(src: Source, length: int | None) -> int:
-    """Random-input length: the full context by default, capped at 1024 positions."""
+    """Random-input length: the full context by default, capped at 1024 positions or, for a model with
+    a sliding window, 128 past the window (so that the window is tested)."""
     limit = src.config.context_length
-    length = length or min(limit, 1024)
+    window = getattr(src.config, "sliding_window", None) or 0
+    length = length or min(limit, max(1024, window + 128))
     if not 0 < length <= limit:
         raise GptconvError(f"--length {length}: the model has {limit} positions")
     return length

@@ -91,6 +91,12 @@ def gguf_transformers_model(src, dtype: torch.dtype = torch.float32) -> nn.Modul
                               "verify it with --against llama.cpp") from None
     config = transformers.AutoConfig.for_model(**data)
     try:
+        if data["model_type"] == "mistral":  # GGUF's llama: transformers reads it as Llama, Mistral's names alike
+            llama = load_transformers_model(src.path, dtype, transformers.AutoConfig.for_model(
+                **{**data, "model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
+            model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="eager")
+            model.load_state_dict(llama.state_dict(), strict=True)
+            return model.eval()
         return load_transformers_model(src.path, dtype, config)
     except (ValueError, KeyError, NotImplementedError, TypeError, RuntimeError) as e:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__

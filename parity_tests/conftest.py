@@ -8,7 +8,8 @@ import pytest
 # Nothing in the suite may reach the network; the Hub tests point HF_ENDPOINT at loopback.
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
-from fixtures import LLAMA_SHAPES, legacy_rope_config, make_gpt2, make_llama, resave_as_bin, resave_sharded  # noqa: E402
+from fixtures import (FAMILY_SHAPES, LLAMA_SHAPES, legacy_rope_config, make_family, make_gpt2, make_llama,  # noqa: E402
+                      resave_as_bin, resave_sharded)
 
 
 @pytest.fixture(scope="session")
@@ -39,6 +40,13 @@ def llamas(tmp_path_factory) -> dict[str, Path]:
     out["llama31-legacy-config"] = legacy_rope_config(make_llama(root / "llama31-legacy-config", "llama31-scaled"))
     out["linear-legacy-config"] = legacy_rope_config(make_llama(root / "linear-legacy-config", "linear-scaled"))
     return out
+
+
+@pytest.fixture(scope="session")
+def families(tmp_path_factory) -> dict[str, Path]:
+    """Mistral (sliding window), Qwen3, Phi-3 and Mixtral fixtures by name (see fixtures.FAMILY_SHAPES)."""
+    root = tmp_path_factory.mktemp("family")
+    return {name: make_family(root / name, name) for name in FAMILY_SHAPES}
 
 
 @pytest.fixture(scope="session")

@@ -182,32 +182,80 @@ CONVERTER_FIXTURES = {
     "qwen2": ("qwen2", "qwen2", dict(
         vocab_size=151936, max_position_embeddings=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, intermediate_size=128, rope_theta=1000000.0, tie_word_embeddings=False)),
+    "qwen3": ("qwen3", "qwen2", dict(
+        vocab_size=151936, max_position_embeddings=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, intermediate_size=128, head_dim=24, rope_theta=1000000.0, tie_word_embeddings=True)),
+    # Phi-3 mini's tokenizer: Llama 2's tokenizer.model and Phi-3's chat tokens as added tokens
+    # (llama.cpp's phi3 needs them), the vocabulary padded to 32,064
+    "phi3": ("phi3", "llama-spm", dict(
+        vocab_size=32064, max_position_embeddings=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, intermediate_size=128, sliding_window=20, original_max_position_embeddings=128,
+        bos_token_id=1, eos_token_id=32000, pad_token_id=32000)),
+    "mixtral": ("mixtral", "llama-spm", dict(
+        vocab_size=32000, max_position_embeddings=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, intermediate_size=96, num_local_experts=4, num_experts_per_tok=2,
+        bos_token_id=1, eos_token_id=2)),
+    "mistral-swa": ("mistral", "llama-spm", dict(
+        vocab_size=32000, max_position_embeddings=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, intermediate_size=128, sliding_window=16, bos_token_id=1, eos_token_id=2)),
 }
 
 
 def make_converter_fixture(folder: Path, name: str, vocab_gguf: Path) -> Path:
-    from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config,
-                              Qwen2ForCausalLM)
+    import transformers
     import llama_cpp_tools
-    arch, _, kwargs = CONVERTER_FIXTURES[name]
+    arch, vocab, kwargs = CONVERTER_FIXTURES[name]
     torch.manual_seed(0)
-    if arch == "gpt2":
-        model = GPT2LMHeadModel(GPT2Config(**kwargs, initializer_range=0.2))
-    elif arch == "qwen2":
-        model = Qwen2ForCausalLM(Qwen2Config(**kwargs, initializer_range=0.2))
-    else:
-        model = LlamaForCausalLM(LlamaConfig(**kwargs, initializer_range=0.2))
+    config = transformers.AutoConfig.for_model(arch, **kwargs, initializer_range=0.2)
+    model = transformers.AutoModelForCausalLM.from_config(config)
     _scramble_norms(model)
     model.save_pretrained(folder)
-    if name == "llama2-spm":
+    if vocab == "llama-spm":
         llama_cpp_tools.sentencepiece_model_from_gguf(vocab_gguf, folder / "tokenizer.model")
         (folder / "tokenizer_config.json").write_text(json.dumps({
-            "tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
+            "tokenizer_class": "LlamaTokenizer", "bos_token": "<s>",
+            "eos_token": "<|endoftext|>" if arch == "phi3" else "</s>", "unk_token": "<unk>",
             "add_bos_token": True, "add_eos_token": False, "legacy": True}))
+        if arch == "phi3":
+            llama_cpp_tools.phi3_added_tokens(folder)
     elif name == "llama3-gqa-scaled":
         llama_cpp_tools.our_tokenizer_from_gguf(vocab_gguf, folder)
     else:
         llama_cpp_tools.hf_tokenizer_from_gguf(vocab_gguf, folder)
     if arch == "gpt2":
         llama_cpp_tools.add_n_ctx(folder)
+    return folder
+
+
+# The Llama family's other members, each with what sets it apart, tested past every window.
+FAMILY_SHAPES = {
+    # Mistral v0.1: every layer sees its last 16 positions only; the tests run to 96
+    "mistral-swa": ("mistral", dict(vocab_size=400, max_position_embeddings=96, hidden_size=64, num_hidden_layers=2,
+                                    num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+                                    sliding_window=16)),
+    # Qwen3: RMSNorm on each q and k head before RoPE, head_dim apart from hidden_size / heads
+    "qwen3": ("qwen3", dict(vocab_size=400, max_position_embeddings=96, hidden_size=64, num_hidden_layers=2,
+                            num_attention_heads=4, num_key_value_heads=2, intermediate_size=128, head_dim=24,
+                            rope_theta=1000000.0, tie_word_embeddings=True)),
+    # Phi-3: fused qkv_proj and gate_up_proj, a sliding window (2047 in phi-3-mini; 20 here)
+    "phi3": ("phi3", dict(vocab_size=400, max_position_embeddings=96, hidden_size=64, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, intermediate_size=128, sliding_window=20,
+                          pad_token_id=0, original_max_position_embeddings=96)),
+    # Mixtral: 4 experts, 2 chosen per token
+    "mixtral": ("mixtral", dict(vocab_size=400, max_position_embeddings=96, hidden_size=64, num_hidden_layers=2,
+                                num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
+                                num_local_experts=4, num_experts_per_tok=2)),
+}
+
+
+def make_family(folder: Path, name: str, seed: int = 0, init: float = 0.2) -> Path:
+    import transformers
+    model_type, kwargs = FAMILY_SHAPES[name]
+    torch.manual_seed(seed)
+    cls = transformers.AutoConfig.for_model(model_type, **kwargs, initializer_range=init, bos_token_id=1,
+                                            eos_token_id=2)
+    model = transformers.AutoModelForCausalLM.from_config(cls)
+    _scramble_norms(model)
+    model.save_pretrained(folder)
+    write_bpe_tokenizer(folder, kwargs["vocab_size"])
     return folder

@@ -55,3 +55,42 @@ TORTURE = ["Hello world", " Hello", "  two  spaces  ", "\tTab\t\t", "café naïv
            "你好世界, こんにちは", "🙂🚀👩‍👩‍👧", "digits 1234567890 3.14", "𝔘nicode \u0000 nul", "\n\nnewlines\n",
            "<s>Hello</s> world", "Hello <s> world", "<|endoftext|>a", "<|im_start|>user\nhi<|im_end|>",
            "<|user|>\nhi<|end|>\n<|assistant|>", "   ", "", "a"]
+
+
+def hf_round_trip(folder, out, **kw):
+    """Export ``folder`` to an HF folder in f32: transformers loads the same tensors and logits, bit
+    for bit, and our model of the export agrees with it."""
+    import gptconv
+    from gptconv.parity import FP32
+    from gptconv.writers import export
+    export(str(folder), out, "safetensors", "f32", **kw)
+    original, exported = hf_model(folder), hf_model(out)
+    a, b = original.state_dict(), exported.state_dict()
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    ids = random_ids(original.config.vocab_size, 32)
+    ours = gptconv.load(out)
+    with torch.no_grad():
+        ref, got, mine = original(ids).logits, exported(ids).logits, ours(ids)
+    assert torch.equal(ref, got)  # the same weights give transformers the same logits, bit for bit
+    assert (mine - got).abs().max().item() <= FP32.atol
+
+
+def assert_generation_matches(folder, n_max: int = 120) -> None:
+    """Greedy generation through our KV cache equals recomputing the whole sequence each step, and
+    transformers' own ``generate``, for up to ``n_max`` positions."""
+    import gptconv
+    from gptconv.decoding import generate_ids
+    model = gptconv.load(folder)
+    prompt = random_ids(model.config.vocab_size, 6, batch=1, seed=5)[0].tolist()
+    n = min(model.config.context_length, n_max) - len(prompt)
+    cached = generate_ids(model, prompt, n)
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            ids.append(int(model(torch.tensor([ids]))[0, -1].argmax()))
+    assert cached == ids[len(prompt):]
+    out = hf_model(folder).generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False,
+                                    pad_token_id=0, eos_token_id=None)
+    assert cached == out[0, len(prompt):].tolist()

@@ -85,6 +85,17 @@ def sentencepiece_model_from_gguf(gguf_path: Path, out: Path) -> None:
     out.write_bytes(model.SerializeToString())
 
 
+def phi3_added_tokens(folder: Path) -> None:
+    """Phi-3 mini's chat tokens (ids 32000 … 32010, read from llama.cpp's phi-3 test vocabulary) as
+    Phi-3's folder has them: added_tokens.json, and special in tokenizer_config.json."""
+    tokens = GGUFReader(vocab_file("phi-3")).fields["tokenizer.ggml.tokens"].contents()[32000:32011]
+    added = {t: 32000 + n for n, t in enumerate(tokens)}
+    (folder / "added_tokens.json").write_text(json.dumps(added))
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["added_tokens_decoder"] = {str(i): {"content": t, "special": True} for t, i in added.items()}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+
+
 def _raw(field) -> bytes:
     return b"".join(np.asarray(part).tobytes() for part in field.parts)
 

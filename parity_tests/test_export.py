@@ -11,40 +11,25 @@ from safetensors import safe_open
 import gptconv
 from gptconv.writers import export
 from gptconv.errors import GptconvError
-from helpers import hf_model, random_ids, run_cli
-from gptconv.parity import FP32, SAME_MODEL
-
-
-def _hf_round_trip(folder, out, **kw):
-    export(str(folder), out, "safetensors", "f32", **kw)
-    original, exported = hf_model(folder), hf_model(out)
-    a, b = original.state_dict(), exported.state_dict()
-    assert a.keys() == b.keys()
-    for k in a:
-        assert torch.equal(a[k], b[k]), k
-    ids = random_ids(original.config.vocab_size, 32)
-    ours = gptconv.load(out)
-    with torch.no_grad():
-        ref, got, mine = original(ids).logits, exported(ids).logits, ours(ids)
-    assert torch.equal(ref, got)  # the same weights give transformers the same logits, bit for bit
-    assert (mine - got).abs().max().item() <= FP32.atol
+from helpers import hf_round_trip, random_ids, run_cli
+from gptconv.parity import SAME_MODEL
 
 
 @pytest.mark.parametrize("name", ["tiny", "odd"])
 def test_gpt2_hf_round_trip_is_bit_exact(ckpts, tmp_path, name):
-    _hf_round_trip(ckpts[name], tmp_path / "out")
+    hf_round_trip(ckpts[name], tmp_path / "out")
     with safe_open(str(tmp_path / "out" / "model.safetensors"), "pt") as f:
         assert "lm_head.weight" not in f.keys()  # tied: stored once, as transformers stores it
 
 
 @pytest.mark.parametrize("name", ["llama3-gqa", "llama31-scaled", "tied", "qwen2", "biases", "head-dim"])
 def test_llama_hf_round_trip_is_bit_exact(llamas, tmp_path, name):
-    _hf_round_trip(llamas[name], tmp_path / "out")
+    hf_round_trip(llamas[name], tmp_path / "out")
 
 
 def test_sharded_export_loads_in_transformers(llamas, tmp_path):
     out = tmp_path / "sharded"
-    _hf_round_trip(llamas["llama2-mha"], out, max_shard_bytes=100_000)
+    hf_round_trip(llamas["llama2-mha"], out, max_shard_bytes=100_000)
     index = json.loads((out / "model.safetensors.index.json").read_text())
     assert len(set(index["weight_map"].values())) > 1
 

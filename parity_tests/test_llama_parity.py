@@ -9,8 +9,7 @@ import torch
 
 import gptconv
 from gptconv.errors import GptconvError
-from gptconv.decoding import generate_ids as generate
-from helpers import assert_fp32_parity, hf_model, random_ids
+from helpers import assert_generation_matches, assert_fp32_parity, hf_model, random_ids
 
 FIXTURES = ["llama2-mha", "llama3-gqa", "llama31-scaled", "linear-scaled", "tied", "head-dim", "biases", "qwen2",
             "llama31-legacy-config", "linear-legacy-config"]
@@ -43,18 +42,7 @@ def test_fixtures_have_the_features_they_claim(llamas):
 
 @pytest.mark.parametrize("name", ["llama3-gqa", "llama31-scaled", "tied", "qwen2"])
 def test_kv_cache_generation_equals_recompute_and_transformers(llamas, name):
-    model = gptconv.load(llamas[name])
-    prompt = random_ids(model.config.vocab_size, 6, batch=1, seed=5)[0].tolist()
-    n = min(model.config.context_length, 120) - len(prompt)  # the scaled fixture runs past position 32
-    cached = generate(model, prompt, n)
-    ids = list(prompt)
-    with torch.no_grad():
-        for _ in range(n):
-            ids.append(int(model(torch.tensor([ids]))[0, -1].argmax()))
-    assert cached == ids[len(prompt):]
-    out = hf_model(llamas[name]).generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False,
-                                          pad_token_id=0, eos_token_id=None)
-    assert cached == out[0, len(prompt):].tolist()
+    assert_generation_matches(llamas[name])  # the scaled fixture runs past position 32
 
 
 def _with_config(folder, tmp_path, **changes):
@@ -75,15 +63,6 @@ def test_unknown_rope_type_is_an_error(llamas, tmp_path):
     d = _with_config(llamas["llama2-mha"], tmp_path, rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0})
     with pytest.raises(GptconvError, match="rope_type 'yarn' is not supported"):
         gptconv.open_source(d)
-
-
-def test_sliding_window_shorter_than_the_input_is_an_error(llamas, tmp_path):
-    d = _with_config(llamas["llama2-mha"], tmp_path, model_type="mistral", sliding_window=16)
-    model = gptconv.load(d)
-    with torch.no_grad():
-        model(torch.zeros(1, 16, dtype=torch.long))  # within the window: fine
-        with pytest.raises(GptconvError, match="sliding-window attention"):
-            model(torch.zeros(1, 17, dtype=torch.long))
 
 
 def test_unsupported_activation_is_an_error(llamas, tmp_path):

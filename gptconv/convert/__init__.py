@@ -18,7 +18,8 @@ from typing import Any
 
 from .gpt2 import GPT2_GGUF, GPT2_HF, gpt2_config_from_gguf, gpt2_config_from_hf, gpt2_config_to_hf
 from .keymap import KeyMap, Plan, TensorInfo, model_shapes
-from .llama import llama_config_from_gguf, llama_config_from_hf, llama_config_to_hf, llama_gguf_keymap, llama_hf_keymap
+from .llama import (LLAMA_FAMILIES, llama_config_from_gguf, llama_config_from_hf, llama_config_to_hf, llama_gguf_keymap,
+                    llama_hf_keymap, llama_model_type)
 
 
 @dataclass(frozen=True)
@@ -34,9 +35,7 @@ class HFFamily:
 _LLAMA = HFFamily(llama_config_from_hf, llama_config_to_hf, llama_hf_keymap)
 HF_FAMILIES: dict[str, HFFamily] = {
     "gpt2": HFFamily(gpt2_config_from_hf, gpt2_config_to_hf, lambda config: GPT2_HF),
-    "llama": _LLAMA,
-    "mistral": _LLAMA,
-    "qwen2": _LLAMA,
+    **{model_type: _LLAMA for model_type in LLAMA_FAMILIES},
 }
 
 
@@ -44,22 +43,25 @@ HF_FAMILIES: dict[str, HFFamily] = {
 # GGUF general.architecture → (config from the file's metadata and tensors, key map for that config)
 GGUF_ARCHS: dict[str, tuple[Callable[[Any, dict[str, TensorInfo]], Any], Callable[[Any], KeyMap]]] = {
     "llama": (llama_config_from_gguf, llama_gguf_keymap),
-    "qwen2": (llama_config_from_gguf, lambda config: llama_gguf_keymap(config, "qwen2")),
+    **{arch: (llama_config_from_gguf, lambda config, arch=arch: llama_gguf_keymap(config, arch))
+       for arch in ("qwen2", "qwen3", "phi3")},
     "gpt2": (gpt2_config_from_gguf, lambda config: GPT2_GGUF),
 }
 
 
 def gguf_arch(config: Any) -> str:
-    """The GGUF architecture llama.cpp's converter writes ``config`` as: Qwen2's layout (q/k/v biases,
-    none on the output) is ``qwen2``, whose Q/K rows stay in HF's order."""
-    if config.arch == "llama" and config.qkv_bias and not config.o_bias:
-        return "qwen2"
+    """The GGUF architecture llama.cpp's converter writes ``config`` as: ``qwen2``, ``qwen3`` and
+    ``phi3`` (whose Q/K rows stay in HF's order) for those HF types; Llama, Mistral and Mixtral as
+    ``llama``."""
+    if config.arch == "llama":
+        kind = llama_model_type(config)
+        return kind if kind in ("qwen2", "qwen3", "phi3") else "llama"
     return config.arch
 
 
 def hf_family(config: Any) -> HFFamily:
     """The HF family that writes and reads ``config`` (our architecture name → an HF model_type)."""
-    return HF_FAMILIES[{"gpt2": "gpt2", "llama": "llama"}[config.arch]]
+    return HF_FAMILIES["gpt2" if config.arch == "gpt2" else llama_model_type(config)]
 
 
 __all__ = ["GGUF_ARCHS", "gguf_arch", "GPT2_HF", "HFFamily", "HF_FAMILIES", "KeyMap", "hf_family", "Plan", "TensorInfo", "model_shapes"]

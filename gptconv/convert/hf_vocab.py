@@ -103,7 +103,7 @@ def _from_byte_level_bpe(folder: Path, tk: HFTokenizer, spec: dict, n_vocab: int
                                                      for part in m)
               for m in spec["model"].get("merges", [])]
     vocab = GGUFVocab("gpt2", None, tokens, types, merges=merges)
-    vocab.pre = _pre_tokenizer_name(folder, tk, vocab, first="qwen2" if arch == "qwen2" else None)
+    vocab.pre = _pre_tokenizer_name(folder, tk, vocab, first="qwen2" if arch in ("qwen2", "qwen3") else None)
     return vocab
 
 

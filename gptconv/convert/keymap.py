@@ -18,8 +18,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from functools import cached_property
-from typing import Any
+from functools import cache, cached_property
+from typing import Any, NamedTuple
 
 import torch
 
@@ -51,6 +51,31 @@ TRANSPOSE = Transform(
 
 
 @dataclass(frozen=True)
+class Fuse:
+    """Several of our parameters held as one source tensor: Phi-3's ``qkv_proj`` (q, k and v
+    concatenated), GGUF's stacked experts. ``split`` gives the parts in the rule's target order
+    (views, nothing copied); ``join`` is its inverse, for export."""
+
+    name: str
+    split: Callable[[torch.Tensor, Any], list[torch.Tensor]]  # source → our parts
+    join: Callable[[list[torch.Tensor], Any], torch.Tensor]  # our parts → source
+    shapes: Callable[[tuple[int, ...], Any], list[tuple[int, ...]]]  # source shape → our parts' shapes
+
+
+def concat(name: str, sizes: Callable[[Any], list[int]], dim: int = 0) -> Fuse:
+    """Parts of ``sizes(ctx)`` along ``dim``, one after the other."""
+    def shapes(s: tuple[int, ...], ctx: Any) -> list[tuple[int, ...]]:
+        if len(s) <= dim or sum(sizes(ctx)) != s[dim]:
+            return [s]  # cannot be split so: the ledger reports the shape
+        return [(*s[:dim], n, *s[dim + 1:]) for n in sizes(ctx)]
+    return Fuse(name, lambda t, ctx: list(t.split(sizes(ctx), dim)), lambda ts, ctx: torch.cat(ts, dim), shapes)
+
+
+STACK = Fuse("stack", lambda t, ctx: list(t.unbind(0)), lambda ts, ctx: torch.stack(ts),
+             lambda s, ctx: [tuple(s[1:])] * s[0] if s else [s])
+
+
+@dataclass(frozen=True)
 class Rule:
     """One row of a table.
 
@@ -59,16 +84,22 @@ class Rule:
     recognised and dropped on purpose (optional).
     kind "tied": ``source`` is a second copy of ``target`` that some checkpoints store; it must
     equal that target's tensor (optional).
+    kind "fused": ``source`` holds the targets ``parts(ctx)`` joined by ``fuse`` (required).
     """
 
     source: str
     target: str | None = None
     transform: Transform = IDENTITY
     kind: str = "map"
+    fuse: Fuse | None = None
+    parts: Callable[[Any], list[str]] | None = None  # kind "fused": the target templates, in order
     pattern: re.Pattern = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "pattern", _compile(self.source))
+
+    def targets(self, ctx: Any) -> list[str]:
+        return self.parts(ctx) if self.kind == "fused" else [self.target]
 
 
 def Map(source: str, target: str, transform: Transform = IDENTITY) -> Rule:
@@ -83,6 +114,27 @@ def Tied(source: str, target: str) -> Rule:
     return Rule(source, target, kind="tied")
 
 
+def Fused(source: str, targets: list[str], fuse: Fuse) -> Rule:
+    """One source tensor, several of our parameters (``targets`` in the order ``fuse`` splits)."""
+    return Rule(source, kind="fused", fuse=fuse, parts=lambda ctx: list(targets))
+
+
+def Stacked(source: str, target: str, count: Callable[[Any], int]) -> Rule:
+    """``count(ctx)`` of our parameters stacked along a new first dimension; ``target`` names
+    the part with ``{j}`` (GGUF's ``ffn_gate_exps``: one tensor for every expert of a layer)."""
+    return Rule(source, kind="fused", fuse=STACK,
+                parts=lambda ctx: [target.replace("{j}", str(j)) for j in range(count(ctx))])
+
+
+class Inverse(NamedTuple):
+    """How an export writes one source tensor: its name, our parameters in it, and the join."""
+
+    name: str
+    parts: tuple[str, ...]
+    join: Callable[[list[torch.Tensor], Any], torch.Tensor]
+
+
+@cache
 def _compile(template: str) -> re.Pattern:
     parts = re.split(r"\{(\w+)\}", template)
     regex = "".join(re.escape(p) if n % 2 == 0 else rf"(?P<{p}>\d+)" for n, p in enumerate(parts))
@@ -110,6 +162,7 @@ class Plan:
     sources: Mapping[str, TensorInfo]
     layout: str
     origin: object
+    _last: tuple[str, torch.Tensor] | None = field(default=None, repr=False)
 
     def tensors(self, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
         """Yield (target name, tensor in our layout and ``dtype``), one tensor at a time."""
@@ -119,13 +172,21 @@ class Plan:
     def tensor(self, target: str, dtype: torch.dtype) -> torch.Tensor:
         """Our parameter ``target``, read from the source, in our layout and ``dtype``."""
         key, transform = self._by_target[target]
-        tensor = transform.forward(self.sources[key].load(), self.ctx)
+        tensor = transform.forward(self._load(key), self.ctx)
         if target in self._tied_of:
             copy = transform.forward(self.sources[self._tied_of[target]].load(), self.ctx)
             if not torch.equal(copy, tensor):
                 raise GptconvError(f"{self.origin}: tensor '{self._tied_of[target]}' should be a tied copy "
                                    f"of '{key}' but differs from it")
         return tensor.to(dtype)
+
+    def _load(self, key: str) -> torch.Tensor:
+        """The source tensor ``key``; the last one read is kept, so the parts of a fused tensor
+        (asked for one after the other) read it once."""
+        if self._last is None or self._last[0] != key:
+            self._last = None  # let the previous tensor go before reading the next
+            self._last = (key, self.sources[key].load())
+        return self._last[1]
 
     @cached_property
     def _by_target(self) -> dict[str, tuple[str, Transform]]:
@@ -136,6 +197,13 @@ class Plan:
         return {target: key for key, target in self.tied}
 
 
+def _part(fuse: Fuse, k: int) -> Transform:
+    """Part ``k`` of a fused source tensor, as a transform of the whole (export joins, not inverts)."""
+    def inverse(t: torch.Tensor, ctx: Any) -> torch.Tensor:
+        raise AssertionError(f"part {k} of '{fuse.name}' is written by joining its parts")
+    return Transform(f"{fuse.name}[{k}]", lambda t, ctx: fuse.split(t, ctx)[k], inverse)
+
+
 class KeyMap:
     def __init__(self, name: str, rules: list[Rule], legacy_prefix: str | None = None) -> None:
         """``legacy_prefix``: a prefix some checkpoints of this family leave off every key
@@ -143,7 +211,6 @@ class KeyMap:
         self.name = name
         self.rules = rules
         self.legacy_prefix = legacy_prefix
-        self._targets = [(r, _compile(r.target)) for r in rules if r.kind == "map"]
 
     def match(self, key: str) -> tuple[Rule, dict[str, str]] | None:
         hits = [(r, m.groupdict()) for r in self.rules if (m := r.pattern.fullmatch(key))]
@@ -151,12 +218,39 @@ class KeyMap:
             raise AssertionError(f"key map {self.name}: '{key}' matches {len(hits)} rules")
         return hits[0] if hits else None
 
-    def source_name(self, target: str) -> tuple[str, Transform]:
-        """The inverse map: our parameter name → (source name, transform to invert)."""
-        for rule, pattern in self._targets:
-            if m := pattern.fullmatch(target):
-                return rule.source.format(**m.groupdict()), rule.transform
+    def rule_for(self, target: str, ctx: Any) -> tuple[Rule, dict[str, str]]:
+        """The rule that fills our parameter ``target``, and the layer (``{i}``) it matched."""
+        for rule in self.rules:
+            if rule.kind in ("map", "fused"):
+                for template in rule.targets(ctx):
+                    if m := _compile(template).fullmatch(target):
+                        return rule, m.groupdict()
         raise GptconvError(f"key map {self.name}: no rule produces '{target}'")
+
+    def source_name(self, target: str, ctx: Any = None) -> tuple[str, Transform]:
+        """The inverse map: our parameter name → (source name, transform to invert)."""
+        rule, groups = self.rule_for(target, ctx)
+        return rule.source.format(**groups), rule.transform
+
+    def inverse(self, targets: list[str], ctx: Any) -> list[Inverse]:
+        """Our parameters grouped as this format stores them, in the order of their first part:
+        each source tensor's name, the parameters it holds, and how to join them back."""
+        out, done = [], set()
+        for target in targets:
+            if target in done:
+                continue
+            rule, groups = self.rule_for(target, ctx)
+            if rule.kind == "fused":
+                parts = tuple(t.format(**groups) for t in rule.parts(ctx))
+                join = rule.fuse.join
+            else:
+                parts, join = (target,), (lambda ts, c, t=rule.transform: t.inverse(ts[0], c))
+            missing = [p for p in parts if p not in targets]
+            if missing:
+                raise GptconvError(f"key map {self.name}: '{rule.source.format(**groups)}' needs {missing}")
+            done.update(parts)
+            out.append(Inverse(rule.source.format(**groups), parts, join))
+        return out
 
     def plan(
         self,
@@ -183,25 +277,34 @@ class KeyMap:
             if rule.kind == "drop":
                 dropped.append(key)
                 continue
-            target = rule.target.format(**groups)
-            if target not in targets:
-                problem("tensor the model has no place for", f"'{key}' → '{target}'")
+            names = [t.format(**groups) for t in rule.targets(ctx)]
+            if absent := [n for n in names if n not in targets]:
+                problem("tensor the model has no place for", f"'{key}' → {', '.join(repr(n) for n in absent)}")
                 continue
             if info.dtype not in FLOAT_DTYPES:
                 problem("non-float tensor", f"'{key}' is {info.dtype}")
                 continue
             if rule.kind == "tied":
-                tied.append((key, target))
+                tied.append((key, names[0]))
                 continue
-            if target in filled:
-                problem("target filled twice", f"'{target}' from '{filled[target]}' and '{key}'")
+            if twice := [n for n in names if n in filled]:
+                problem("target filled twice", f"'{twice[0]}' from '{filled[twice[0]]}' and '{key}'")
                 continue
-            shape = tuple(rule.transform.shape(tuple(info.shape), ctx))
-            if shape != tuple(targets[target]):
-                problem("wrong shape", f"'{key}' is {list(info.shape)}, '{target}' needs {list(targets[target])}"
-                        + (f" after {rule.transform.name}" if rule.transform is not IDENTITY else ""))
-            filled[target] = key
-            moves.append((key, target, rule.transform))
+            if rule.kind == "fused":
+                shapes = rule.fuse.shapes(tuple(info.shape), ctx)
+                transforms = [_part(rule.fuse, k) for k in range(len(names))]
+                how = f" ({rule.fuse.name} of {len(names)})"
+            else:
+                shapes = [rule.transform.shape(tuple(info.shape), ctx)]
+                transforms = [rule.transform]
+                how = f" after {rule.transform.name}" if rule.transform is not IDENTITY else ""
+            wanted = [list(targets[n]) for n in names]
+            if [list(s) for s in shapes] != wanted:
+                needs = ", ".join(f"'{n}' needs {w}" for n, w in zip(names, wanted))
+                problem("wrong shape", f"'{key}' is {list(info.shape)}, {needs}{how}")
+            for name, transform in zip(names, transforms):
+                filled[name] = key
+                moves.append((key, name, transform))
         for key, target in tied:
             if target not in filled:
                 problem("tied copy without its original", f"'{key}'")
@@ -209,7 +312,7 @@ class KeyMap:
                 problem("wrong shape", f"tied copy '{key}' is {list(sources[key].shape)}")
         for target in targets:
             if target not in filled:
-                problem("missing tensor", f"'{self.source_name(target)[0]}' (for '{target}')")
+                problem("missing tensor", f"'{self.source_name(target, ctx)[0]}' (for '{target}')")
         if problems:
             raise GptconvError(f"{origin}: does not map onto {self.name}: " + "; ".join(
                 f"{kind}: {_few(items)}" for kind, items in problems.items()))

@@ -13,7 +13,7 @@ from ..models.llama import LlamaConfig
 from ..models.rope import RopeScaling, llama3_from_factors
 from .gguf_meta import T, gguf_config, gguf_name
 from .hf_config import ConfigFields, build_config
-from .keymap import Drop, KeyMap, Map, TensorInfo, Tied, Transform
+from .keymap import Drop, Fused, KeyMap, Map, Stacked, TensorInfo, Tied, Transform, concat
 
 
 def rope_from_hf(f: ConfigFields) -> tuple[float, RopeScaling | None]:
@@ -41,6 +41,10 @@ def rope_from_hf(f: ConfigFields) -> tuple[float, RopeScaling | None]:
     raise p.error(f"rope_type '{kind}' is not supported (default, linear, llama3)")
 
 
+# model_type → what sets it apart from Llama (besides what config.json states the same way)
+LLAMA_FAMILIES = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "phi3")
+
+
 def llama_config_from_hf(data: dict[str, Any], origin: object) -> LlamaConfig:
     f = ConfigFields(data, origin)
     model_type = f.str("model_type")
@@ -48,16 +52,18 @@ def llama_config_from_hf(data: dict[str, Any], origin: object) -> LlamaConfig:
     if act != "silu":
         raise f.error(f"hidden_act '{act}' is not supported (SwiGLU uses silu)")
     theta, scaling = rope_from_hf(f)
-    window = None
-    if model_type == "mistral" or (model_type == "qwen2" and f.bool("use_sliding_window", False)):
-        window = f.int("sliding_window", None)
     if model_type == "qwen2":  # Qwen2 always has q/k/v biases and none on the output
         qkv_bias, o_bias = True, False
-    else:
+    elif model_type in ("llama", "qwen3"):
         qkv_bias = o_bias = f.bool("attention_bias", False)
+    else:  # Mistral, Mixtral and Phi-3 have no biases
+        qkv_bias = o_bias = False
     for name in ("pretraining_tp",):
         if f.data.get(name, 1) not in (1, None):
             raise f.error(f"'{name}' = {f.data[name]!r} is not supported")
+    experts = {}
+    if model_type == "mixtral":
+        experts = dict(n_experts=f.int("num_local_experts"), n_experts_used=f.int("num_experts_per_tok"))
     return build_config(
         LlamaConfig, f,
         **f.common(context_length="max_position_embeddings", d_model="hidden_size", n_layers="num_hidden_layers",
@@ -72,12 +78,50 @@ def llama_config_from_hf(data: dict[str, Any], origin: object) -> LlamaConfig:
         qkv_bias=qkv_bias,
         o_bias=o_bias,
         mlp_bias=f.bool("mlp_bias", False) if model_type == "llama" else False,  # only Llama has the option
-        sliding_window=window,
+        sliding_window=_sliding_window(f, model_type),
+        qk_norm=model_type == "qwen3",
+        family=model_type,
+        **experts,
     )
 
 
+def _sliding_window(f: ConfigFields, model_type: str) -> int | None:
+    """The window every layer attends within, or None. Mistral, Mixtral and Phi-3 window every layer
+    when ``sliding_window`` is set; Qwen2/3 only with ``use_sliding_window``, and then only some layers
+    (``layer_types``, else those from ``max_window_layers`` on), which we refuse unless it is all."""
+    if model_type in ("mistral", "mixtral", "phi3"):
+        return f.positive("sliding_window", None)
+    if model_type not in ("qwen2", "qwen3") or not f.bool("use_sliding_window", False):
+        return None
+    n = f.int("num_hidden_layers")
+    types = f.data.get("layer_types")
+    if isinstance(types, list):
+        sliding = [t == "sliding_attention" for t in types]
+    else:
+        first = f.int("max_window_layers", n)
+        sliding = [i >= first for i in range(n)]
+    if not any(sliding):
+        return None
+    if not all(sliding):
+        raise f.error("sliding-window attention on some layers only is not supported for this model_type")
+    return f.positive("sliding_window", None)
+
+
+def llama_model_type(c: LlamaConfig) -> str:
+    """The HF model_type that writes ``c``: the one it came from, or the one its features need."""
+    if c.n_experts:
+        return "mixtral"
+    if c.qk_norm:
+        return "qwen3"
+    if c.family in ("qwen2", "phi3", "mistral"):
+        return c.family
+    if c.qkv_bias and not c.o_bias:
+        return "qwen2"
+    return "mistral" if c.sliding_window is not None else "llama"
+
+
 def llama_config_to_hf(c: LlamaConfig) -> dict[str, Any]:
-    """The config.json transformers needs to build LlamaForCausalLM for ``c``."""
+    """The config.json transformers needs to build ``c`` (as LlamaForCausalLM, Qwen2ForCausalLM, …)."""
     rope: dict[str, Any] = {"rope_type": "default", "rope_theta": c.rope_theta}
     if c.rope_scaling is not None:
         s = c.rope_scaling
@@ -87,50 +131,71 @@ def llama_config_to_hf(c: LlamaConfig) -> dict[str, Any]:
         if s.kind == "llama3":
             rope.update({"low_freq_factor": s.low_freq_factor, "high_freq_factor": s.high_freq_factor,
                          "original_max_position_embeddings": s.original_context_length})
-    qwen2 = c.qkv_bias and not c.o_bias  # Qwen2's layout: q/k/v biases, none on o or the MLP
-    if c.qkv_bias != c.o_bias and not (qwen2 and not c.mlp_bias):
-        raise ValueError("HF's Llama has one attention_bias for q, k, v and o")
-    if c.sliding_window is not None:
-        raise ValueError("sliding-window configs are not exported")
-    kind = ("Qwen2ForCausalLM", "qwen2") if qwen2 else ("LlamaForCausalLM", "llama")
-    return {
-        "architectures": [kind[0]], "model_type": kind[1],
+    kind = llama_model_type(c)
+    biases = {"llama": (c.qkv_bias, c.qkv_bias, c.mlp_bias), "qwen2": (True, False, False),
+              "qwen3": (c.qkv_bias, c.qkv_bias, False)}.get(kind, (False, False, False))
+    if (c.qkv_bias, c.o_bias, c.mlp_bias) != biases:
+        raise ValueError(f"HF's {kind} has no place for these biases (q/k/v {c.qkv_bias}, output {c.o_bias}, "
+                         f"MLP {c.mlp_bias})")
+    if c.sliding_window is not None and kind in ("llama", "qwen2", "qwen3") :
+        raise ValueError(f"HF's {kind} has no sliding window on every layer")
+    out = {
+        "architectures": [HF_CLASSES[kind]], "model_type": kind,
         "vocab_size": c.vocab_size, "max_position_embeddings": c.context_length, "hidden_size": c.d_model,
         "num_hidden_layers": c.n_layers, "num_attention_heads": c.n_heads, "num_key_value_heads": c.n_kv_heads,
         "intermediate_size": c.d_ff, "head_dim": c.head_dim, "rms_norm_eps": c.norm_eps, "hidden_act": "silu",
         "rope_parameters": rope, "tie_word_embeddings": c.tie_embeddings, "attention_bias": c.qkv_bias,
         "mlp_bias": c.mlp_bias, "bos_token_id": c.bos_token_id, "eos_token_id": c.eos_token_id,
+        "sliding_window": c.sliding_window, "pad_token_id": None,
     }
+    if kind == "mixtral":  # as transformers writes Mixtral's config: no head_dim unless it is not d / heads
+        out.update(num_local_experts=c.n_experts, num_experts_per_tok=c.n_experts_used)
+        if c.head_dim == c.d_model // c.n_heads:
+            out["head_dim"] = None
+    return out
 
 
-_LAYER = [
-    ("input_layernorm.weight", "norm1.weight"),
-    ("self_attn.q_proj.weight", "attn.q.weight"),
-    ("self_attn.k_proj.weight", "attn.k.weight"),
-    ("self_attn.v_proj.weight", "attn.v.weight"),
-    ("self_attn.o_proj.weight", "attn.o.weight"),
-    ("self_attn.q_proj.bias", "attn.q.bias"),
-    ("self_attn.k_proj.bias", "attn.k.bias"),
-    ("self_attn.v_proj.bias", "attn.v.bias"),
-    ("self_attn.o_proj.bias", "attn.o.bias"),
-    ("post_attention_layernorm.weight", "norm2.weight"),
-    ("mlp.gate_proj.weight", "mlp.gate.weight"),
-    ("mlp.up_proj.weight", "mlp.up.weight"),
-    ("mlp.down_proj.weight", "mlp.down.weight"),
-    ("mlp.gate_proj.bias", "mlp.gate.bias"),
-    ("mlp.up_proj.bias", "mlp.up.bias"),
-    ("mlp.down_proj.bias", "mlp.down.bias"),
-]
+HF_CLASSES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "mixtral": "MixtralForCausalLM",
+              "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "phi3": "Phi3ForCausalLM"}
+
+
+_NORMS = [("input_layernorm.weight", "norm1.weight"), ("post_attention_layernorm.weight", "norm2.weight")]
+_ATTENTION = [(f"self_attn.{n}_proj.{p}", f"attn.{n}.{p}") for n in "qkvo" for p in ("weight", "bias")]
+_MLP = [(f"mlp.{n}_proj.{p}", f"mlp.{n}.{p}") for n in ("gate", "up", "down") for p in ("weight", "bias")]
+_QK_NORM = [("self_attn.q_norm.weight", "attn.q_norm.weight"), ("self_attn.k_norm.weight", "attn.k_norm.weight")]
+# Mixtral: the router and each expert's SwiGLU (w1 gate, w3 up, w2 down)
+_MOE = [("block_sparse_moe.gate.weight", "mlp.router.weight"),
+        ("block_sparse_moe.experts.{j}.w1.weight", "mlp.experts.{j}.gate.weight"),
+        ("block_sparse_moe.experts.{j}.w3.weight", "mlp.experts.{j}.up.weight"),
+        ("block_sparse_moe.experts.{j}.w2.weight", "mlp.experts.{j}.down.weight")]
+
+# Phi-3 stores q, k, v as one qkv_proj and gate, up as one gate_up_proj (rows one after the other)
+SPLIT_QKV = concat("split_qkv", lambda c: [c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim,
+                                           c.n_kv_heads * c.head_dim])
+SPLIT_GATE_UP = concat("split_gate_up", lambda c: [c.d_ff, c.d_ff])
+_PHI3 = [Fused("model.layers.{i}.self_attn.qkv_proj.weight",
+               [f"blocks.{{i}}.attn.{n}.weight" for n in "qkv"], SPLIT_QKV),
+         Fused("model.layers.{i}.mlp.gate_up_proj.weight",
+               ["blocks.{i}.mlp.gate.weight", "blocks.{i}.mlp.up.weight"], SPLIT_GATE_UP)]
 
 
 def llama_hf_keymap(config: LlamaConfig) -> KeyMap:
     """HF names need no transform: HF's q/k rows are already in rotate-half order. Bias rows that
     the config does not enable are absent from the model, and so reported if a file has them."""
+    kind = llama_model_type(config)
     head = (Tied("lm_head.weight", "tok_emb.weight") if config.tie_embeddings
             else Map("lm_head.weight", "lm_head.weight"))
-    return KeyMap("llama (Hugging Face)", [
+    layer = list(_NORMS)
+    fused = []
+    if kind == "phi3":
+        layer += [("self_attn.o_proj.weight", "attn.o.weight"), ("mlp.down_proj.weight", "mlp.down.weight")]
+        fused = _PHI3
+    else:
+        layer += _ATTENTION + (_MOE if kind == "mixtral" else _MLP) + (_QK_NORM if kind == "qwen3" else [])
+    return KeyMap(f"{kind} (Hugging Face)", [
         Map("model.embed_tokens.weight", "tok_emb.weight"),
-        *(Map(f"model.layers.{{i}}.{src}", f"blocks.{{i}}.{dst}") for src, dst in _LAYER),
+        *(Map(f"model.layers.{{i}}.{src}", f"blocks.{{i}}.{dst}") for src, dst in layer),
+        *fused,
         Map("model.norm.weight", "norm_f.weight"),
         head,
         Drop("model.layers.{i}.self_attn.rotary_emb.inv_freq"),  # older files saved RoPE's buffer
@@ -141,10 +206,8 @@ def llama_hf_keymap(config: LlamaConfig) -> KeyMap:
 # GGUF (llama.cpp)
 
 def llama_config_from_gguf(f: Any, tensors: dict[str, TensorInfo]) -> LlamaConfig:
-    if f.get(Keys.LLM.EXPERT_COUNT, int, 0):
-        raise where(f.path, "mixture-of-experts models are not supported")
-    if f.get(Keys.Attention.SLIDING_WINDOW, int, 0):
-        raise where(f.path, "sliding-window attention is not supported")
+    """Architectures ``llama`` (Llama, Mistral, Mixtral), ``qwen2``, ``qwen3`` and ``phi3``."""
+    arch = f.arch
     heads = f.get(Keys.Attention.HEAD_COUNT, int)
     d = f.get(Keys.LLM.EMBEDDING_LENGTH, int)
     head_dim = f.get(Keys.Attention.KEY_LENGTH, int, 0) or d // max(heads, 1)
@@ -156,6 +219,12 @@ def llama_config_from_gguf(f: Any, tensors: dict[str, TensorInfo]) -> LlamaConfi
     except ValueError as e:
         raise where(f.path, str(e)) from None
     has = lambda tensor: gguf_name(tensor, "bias").replace("{i}", "0") in tensors  # noqa: E731
+    n_experts = f.get(Keys.LLM.EXPERT_COUNT, int, 0)
+    if n_experts and arch != "llama":
+        raise where(f.path, f"mixture-of-experts '{arch}' models are not supported")
+    window = f.get(Keys.Attention.SLIDING_WINDOW, int, 0) or None  # phi3 writes 0 for none
+    family = {"llama": "mixtral" if n_experts else "mistral" if window else "llama"}.get(arch, arch)
+    fused_qkv = arch == "phi3"
     return gguf_config(
         LlamaConfig, f, tensors,
         n_kv_heads=f.get(Keys.Attention.HEAD_COUNT_KV, int, heads),
@@ -165,7 +234,13 @@ def llama_config_from_gguf(f: Any, tensors: dict[str, TensorInfo]) -> LlamaConfi
         rope_theta=f.get(Keys.Rope.FREQ_BASE, float, 10000.0),
         rope_scaling=scaling,
         tie_embeddings=gguf_name(T.OUTPUT) not in tensors,
-        qkv_bias=has(T.ATTN_Q), o_bias=has(T.ATTN_OUT), mlp_bias=has(T.FFN_UP),  # biases present in block 0
+        # biases present in block 0
+        qkv_bias=has(T.ATTN_QKV if fused_qkv else T.ATTN_Q), o_bias=has(T.ATTN_OUT), mlp_bias=has(T.FFN_UP),
+        sliding_window=window,
+        qk_norm=arch == "qwen3",
+        n_experts=n_experts,
+        n_experts_used=f.get(Keys.LLM.EXPERT_USED_COUNT, int, 0) if n_experts else 0,
+        family=family,
     )
 
 
@@ -202,20 +277,39 @@ _LLAMA_GGUF_LAYER = [  # (llama.cpp's tensor, ours, transform), weight and bias 
     (T.ATTN_OUT, "attn.o", None), (T.FFN_GATE, "mlp.gate", None), (T.FFN_UP, "mlp.up", None),
     (T.FFN_DOWN, "mlp.down", None),
 ]
+_GGUF_MOE = [  # Mixtral: the router, and every expert of a layer stacked in one tensor per matrix
+    Map(gguf_name(T.FFN_GATE_INP), "blocks.{i}.mlp.router.weight"),
+    *(Stacked(gguf_name(src), f"blocks.{{i}}.mlp.experts.{{j}}.{dst}.weight", lambda c: c.n_experts)
+      for src, dst in ((T.FFN_GATE_EXP, "gate"), (T.FFN_UP_EXP, "up"), (T.FFN_DOWN_EXP, "down"))),
+]
+_GGUF_QK_NORM = [Map(gguf_name(T.ATTN_Q_NORM), "blocks.{i}.attn.q_norm.weight"),
+                 Map(gguf_name(T.ATTN_K_NORM), "blocks.{i}.attn.k_norm.weight")]
+# Phi-3 in llama.cpp keeps HF's fusions: attn_qkv, and ffn_up holding gate then up
+_GGUF_PHI3 = [Fused(gguf_name(T.ATTN_QKV), [f"blocks.{{i}}.attn.{n}.weight" for n in "qkv"], SPLIT_QKV),
+              Fused(gguf_name(T.FFN_UP), ["blocks.{i}.mlp.gate.weight", "blocks.{i}.mlp.up.weight"], SPLIT_GATE_UP),
+              Map(gguf_name(T.ATTN_OUT), "blocks.{i}.attn.o.weight"),
+              Map(gguf_name(T.FFN_DOWN), "blocks.{i}.mlp.down.weight")]
 
 
 def llama_gguf_keymap(config: LlamaConfig, arch: str = "llama") -> KeyMap:
     """llama.cpp's names. Its ``llama`` architecture rotates interleaved pairs, so Q and K rows are
-    permuted (PERMUTE_Q / PERMUTE_K); its ``qwen2`` rotates halves as HF does, so nothing is."""
+    permuted (PERMUTE_Q / PERMUTE_K); ``qwen2``, ``qwen3`` and ``phi3`` rotate halves as HF does, so
+    nothing is."""
     head = (Tied(gguf_name(T.OUTPUT), "tok_emb.weight") if config.tie_embeddings
             else Map(gguf_name(T.OUTPUT), "lm_head.weight"))
     permuted = arch == "llama"
+    if arch == "phi3":
+        layer = _GGUF_PHI3
+    else:
+        rows = [r for r in _LLAMA_GGUF_LAYER if not (config.n_experts and r[1].startswith("mlp."))]
+        layer = [Map(gguf_name(src, p), f"blocks.{{i}}.{dst}.{p}", *([t] if t and permuted else []))
+                 for src, dst, t in rows for p in ("weight", "bias")]
+        layer += (_GGUF_MOE if config.n_experts else []) + (_GGUF_QK_NORM if config.qk_norm else [])
     return KeyMap(f"{arch} (GGUF)", [
         Map(gguf_name(T.TOKEN_EMBD), "tok_emb.weight"),
         Map(gguf_name(T.ATTN_NORM), "blocks.{i}.norm1.weight"),
         Map(gguf_name(T.FFN_NORM), "blocks.{i}.norm2.weight"),
-        *(Map(gguf_name(src, p), f"blocks.{{i}}.{dst}.{p}", *([t] if t and permuted else []))
-          for src, dst, t in _LLAMA_GGUF_LAYER for p in ("weight", "bias")),
+        *layer,
         Map(gguf_name(T.OUTPUT_NORM), "norm_f.weight"),
         head,
         Drop(gguf_name(T.ROPE_FREQS)),  # read into the config (RopeScaling "factors"), not a parameter

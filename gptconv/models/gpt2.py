@@ -123,10 +123,9 @@ class SelfAttention(nn.Module):
         B, T, d = x.shape
         q, k, v = self.qkv(x).split(d, dim=-1)                      # 3 × (B, T, d)
         q, k, v = (t.view(B, T, self.n_heads, self.head_dim).transpose(1, 2) for t in (q, k, v))  # (B, h, T, hd)
-        past = 0
         if cache is not None:
-            past = cache.pos
             k, v = cache.update(layer, k, v)                        # (B, h, past + T, hd)
+        past = k.size(2) - T
         p = self.attn_dropout if self.training else 0.0
         y = causal_attention(q, k, v, past, dropout_p=p)            # (B, h, T, hd)
         y = y.transpose(1, 2).reshape(B, T, d)                      # (B, T, d)

@@ -40,9 +40,15 @@ class LlamaConfig:
     qkv_bias: bool = False  # Qwen2 has biases on q, k, v
     o_bias: bool = False
     mlp_bias: bool = False
-    sliding_window: int | None = None  # Mistral v0.1: attention sees the last 4096 positions only
+    sliding_window: int | None = None  # Mistral v0.1, Phi-3: attention sees the last 4096 (2047) positions
+    qk_norm: bool = False  # Qwen3: RMSNorm on each head of q and k, before RoPE
+    n_experts: int = 0  # Mixtral: a router picks n_experts_used of n_experts SwiGLU MLPs per token
+    n_experts_used: int = 0
     bos_token_id: int | None = None
     eos_token_id: int | None = None
+    # the HF model_type whose layout the weights are written in (phi3 fuses qkv and gate/up); the math
+    # does not depend on it
+    family: str = "llama"
 
     arch = "llama"
 
@@ -58,6 +64,10 @@ class LlamaConfig:
             raise ValueError(f"n_heads = {self.n_heads} is not a multiple of n_kv_heads = {self.n_kv_heads}")
         if self.head_dim % 2:
             raise ValueError(f"head_dim = {self.head_dim} is odd: RoPE rotates pairs")
+        if self.sliding_window is not None:
+            check_sizes(self, {"sliding_window": 1 << 24})
+        if self.n_experts or self.n_experts_used:
+            check_sizes(self, {"n_experts": 1024, "n_experts_used": self.n_experts})
 
 
 _LLAMA31 = RopeScaling("llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_context_length=8192)
@@ -121,7 +131,7 @@ class Llama(nn.Module):
         tap("token_embedding", x)
         cos, sin = rope_angles(self.inv_freq(ids.device), start, T, x.dtype)  # (T, hd): used inside attention
         for i, block in enumerate(self.blocks):
-            x = block(x, cos, sin, i, cache)                        # (B, T, d)
+            x = block(x, cos, sin, i, cache, tap)                   # (B, T, d)
             tap(f"block.{i}", x)
         if last_only:
             x = x[:, -1:]                                           # (B, 1, d): only the next token matters
@@ -140,9 +150,6 @@ class Llama(nn.Module):
 
     def _check_length(self, n: int) -> None:
         c = self.config
-        if c.sliding_window is not None and n > c.sliding_window:
-            raise GptconvError(f"{n} positions asked for, but this model's sliding-window attention "
-                               f"({c.sliding_window}) is not implemented: use at most {c.sliding_window}")
         if n > c.context_length:
             raise GptconvError(f"{n} positions asked for; the model has {c.context_length}")
 
@@ -153,11 +160,12 @@ class Block(nn.Module):
         self.norm1 = RMSNorm(config.d_model, config.norm_eps)
         self.attn = Attention(config)
         self.norm2 = RMSNorm(config.d_model, config.norm_eps)
-        self.mlp = SwiGLU(config)
+        self.mlp = MoE(config) if config.n_experts else SwiGLU(config)
 
-    def forward(self, x, cos, sin, layer: int, cache: KVCache | None) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x), cos, sin, layer, cache)
-        return x + self.mlp(self.norm2(x))
+    def forward(self, x, cos, sin, layer: int, cache: KVCache | None, tap: Tap = no_tap) -> torch.Tensor:
+        inner = no_tap if tap is no_tap else (lambda name, t: tap(f"block.{layer}.{name}", t))  # steps inside
+        x = x + self.attn(self.norm1(x), cos, sin, layer, cache, inner)
+        return x + self.mlp(self.norm2(x), inner)
 
 
 class Attention(nn.Module):
@@ -169,18 +177,23 @@ class Attention(nn.Module):
         self.k = Linear(c.d_model, c.n_kv_heads * c.head_dim, bias=c.qkv_bias)
         self.v = Linear(c.d_model, c.n_kv_heads * c.head_dim, bias=c.qkv_bias)
         self.o = Linear(c.n_heads * c.head_dim, c.d_model, bias=c.o_bias)
+        self.q_norm = RMSNorm(c.head_dim, c.norm_eps) if c.qk_norm else None  # per head, shared by all heads
+        self.k_norm = RMSNorm(c.head_dim, c.norm_eps) if c.qk_norm else None
+        self.window = c.sliding_window
 
-    def forward(self, x, cos, sin, layer: int, cache: KVCache | None) -> torch.Tensor:
+    def forward(self, x, cos, sin, layer: int, cache: KVCache | None, tap: Tap = no_tap) -> torch.Tensor:
         B, T, _ = x.shape
         q = self.q(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)     # (B, h, T, hd)
         k = self.k(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, h_kv, T, hd)
         v = self.v(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, h_kv, T, hd)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)                   # Qwen3: each head RMS-normed
+            tap("q_norm", q.transpose(1, 2))                        # (B, T, h, hd), as HF's q_norm gives it
+            tap("k_norm", k.transpose(1, 2))
         q, k = rope(q, cos, sin), rope(k, cos, sin)                # position enters here, and only here
-        past = 0
         if cache is not None:
-            past = cache.pos
             k, v = cache.update(layer, k, v)                        # (B, h_kv, past + T, hd)
-        y = causal_attention(q, k, v, past)                         # (B, h, T, hd): GQA shares K/V heads
+        y = causal_attention(q, k, v, k.size(2) - T, window=self.window)  # (B, h, T, hd): GQA shares K/V
         return self.o(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
 
 
@@ -211,5 +224,33 @@ class SwiGLU(nn.Module):
         self.up = Linear(config.d_model, config.d_ff, bias=config.mlp_bias)
         self.down = Linear(config.d_ff, config.d_model, bias=config.mlp_bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, tap: Tap = no_tap) -> torch.Tensor:
         return swiglu(x, self.gate, self.up, self.down)
+
+
+class MoE(nn.Module):
+    """Mixtral's sparse MLP: a linear router scores the experts per token; the top n_experts_used
+    (by softmax probability, renormalised to sum to 1) each run their SwiGLU on the token, and
+    their outputs are summed with those weights."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.top_k = config.n_experts_used
+        self.router = Linear(config.d_model, config.n_experts, bias=False)
+        self.experts = nn.ModuleList(SwiGLU(config) for _ in range(config.n_experts))
+
+    def forward(self, x: torch.Tensor, tap: Tap = no_tap) -> torch.Tensor:
+        B, T, d = x.shape
+        x = x.reshape(B * T, d)                                     # (N, d): each token routed alone
+        scores = self.router(x)                                     # (N, E)
+        tap("router", scores)
+        probs = F.softmax(scores.float(), dim=-1)                   # (N, E), in float32 as HF does
+        weights, chosen = probs.topk(self.top_k, dim=-1)            # (N, k) each
+        weights = weights / weights.sum(-1, keepdim=True)           # the chosen k sum to 1
+        tap("chosen_experts", chosen)
+        out = torch.zeros_like(x)
+        for e, expert in enumerate(self.experts):
+            token, slot = (chosen == e).nonzero(as_tuple=True)      # the tokens that chose expert e
+            if token.numel():
+                out.index_add_(0, token, (expert(x[token]) * weights[token, slot, None]).to(x.dtype))
+        return out.view(B, T, d)

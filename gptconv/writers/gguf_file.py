@@ -7,6 +7,7 @@ and tensor table are written, then each tensor is converted and written in turn
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +16,7 @@ from gguf import GGMLQuantizationType as Q
 from gguf import GGML_QUANT_VERSION, GGUFWriter, LlamaFileType, RopeScalingType, size_label
 from gguf.quants import quant_shape_to_byte_shape, quantize
 
-from ..errors import where
+from ..errors import GptconvError, where
 from ..models.rope import rope_frequencies
 from ..convert import GGUF_ARCHS, gguf_arch
 from ..convert.gguf_tokenizer import GGUFVocab
@@ -71,13 +72,14 @@ def _write(w: GGUFWriter, weights: Weights, src, tokenizer, dtype: str, narrow: 
             write(w.write_tensor_data, factors.numpy())
 
 
-# Tensors llama.cpp's converter keeps in F32 at any output type, beside every 1-D tensor (norms, biases).
-KEEP_F32 = ("position_embd.weight",)  # GPT-2's learned positions
+# Tensors llama.cpp's converter keeps in F32 at any output type, beside every 1-D tensor (norms, biases):
+# GPT-2's learned positions, Mixtral's routers
+KEEP_F32 = re.compile(r"position_embd\.weight|blk\.\d+\.ffn_gate_inp\.weight")
 
 
 def _tensor_type(name: str, shape: tuple[int, ...], dtype: str) -> Q:
     """F32 for 1-D tensors and those in KEEP_F32, as llama.cpp keeps them; Q8_0 needs rows of 32·k values."""
-    if len(shape) < 2 or name in KEEP_F32:
+    if len(shape) < 2 or KEEP_F32.fullmatch(name):
         return Q.F32
     if dtype == "q8_0" and shape[-1] % 32:
         return Q.F16
@@ -117,24 +119,42 @@ def _rope_factors(cfg) -> torch.Tensor | None:
 
 
 def _add_hparams(w: GGUFWriter, cfg) -> None:
+    """The hyperparameters llama.cpp's converter writes for this architecture, no more (so the two
+    files' metadata can be compared key by key)."""
+    arch = gguf_arch(cfg)
     w.add_context_length(cfg.context_length)
+    if arch == "phi3":
+        w.add_rope_scaling_orig_ctx_len(cfg.context_length)  # no longrope: the original context is the context
     w.add_embedding_length(cfg.d_model)
-    w.add_block_count(cfg.n_layers)
     w.add_feed_forward_length(cfg.d_ff)
+    w.add_block_count(cfg.n_layers)
     w.add_head_count(cfg.n_heads)
-    if cfg.arch == "gpt2":
+    if arch == "gpt2":
         w.add_layer_norm_eps(cfg.norm_eps)
         return
-    llama = gguf_arch(cfg) == "llama"  # qwen2: the converter's base keys only
-    if llama:
+    if arch == "llama":
         w.add_vocab_size(cfg.vocab_size)  # llama.cpp's converter writes it for the Llama architecture only
     w.add_head_count_kv(cfg.n_kv_heads)
     w.add_layer_norm_rms_eps(cfg.norm_eps)
-    w.add_rope_freq_base(cfg.rope_theta)
-    if llama:
+    if arch in ("llama", "phi3"):
         w.add_rope_dimension_count(cfg.head_dim)
-    if llama or cfg.head_dim != cfg.d_model // cfg.n_heads:  # qwen2: llama.cpp takes d / heads unless told
-        w.add_key_length(cfg.head_dim)  # as the converter writes them from config.json's head_dim
+    w.add_rope_freq_base(cfg.rope_theta)
+    if cfg.n_experts:
+        w.add_expert_count(cfg.n_experts)
+        w.add_expert_used_count(cfg.n_experts_used)
+    if arch == "phi3":
+        w.add_sliding_window(cfg.sliding_window or 0)  # 0: none (Phi-4)
+    elif cfg.sliding_window is not None:
+        # Mistral v0.1: the converter drops the window and llama.cpp's llama attends to everything;
+        # we keep it in the file (llama.cpp ignores the key) so that reading the file back keeps it
+        if arch != "llama":
+            raise GptconvError(f"llama.cpp's {arch} has no sliding window on every layer; not exported")
+        w.add_sliding_window(cfg.sliding_window)
+    # the converter writes the key/value length where config.json has head_dim: Llama's, Mistral's and
+    # Qwen3's (as our HF export writes them) always, Qwen2's and Mixtral's only where it is not d / heads
+    always = arch == "qwen3" or (arch == "llama" and not cfg.n_experts)
+    if always or (arch != "phi3" and cfg.head_dim != cfg.d_model // cfg.n_heads):
+        w.add_key_length(cfg.head_dim)
         w.add_value_length(cfg.head_dim)
     if cfg.rope_scaling is not None and cfg.rope_scaling.kind == "linear":
         w.add_rope_scaling_type(RopeScalingType.LINEAR)

@@ -4,14 +4,14 @@ format (the key table read backwards, ``Weights``), converted and checked on its
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
 
-from ..convert.keymap import KeyMap, Plan, Transform, model_shapes
+from ..convert.keymap import KeyMap, Plan, model_shapes
 from ..errors import where
 from ..models import build_empty
 from ..results import Result
@@ -92,11 +92,11 @@ def _copy(dst: torch.Tensor, src: torch.Tensor, tile: int = 256) -> None:
 
 
 class Stored(NamedTuple):
-    """One of our parameters as an export writes it."""
+    """One tensor an export writes: of one of our parameters, or of several joined (fused)."""
 
-    ours: str  # our parameter name
+    ours: tuple[str, ...]  # our parameter names, in the order the join takes them
     name: str  # its name in the written format
-    transform: Transform  # the key table's transform, applied inverse on the way out
+    join: Callable[[list[torch.Tensor], Any], torch.Tensor]  # the key table's inverse
     shape: tuple[int, ...]  # as written
 
 
@@ -121,10 +121,9 @@ class Weights:
         """Every parameter's name, transform and shape in the written format, read off the same
         key table as import."""
         stored = []
-        for ours, shape in self.shapes.items():
-            name, transform = keymap.source_name(ours)
-            written = transform.inverse(torch.empty(shape, device="meta"), self.config)
-            stored.append(Stored(ours, name, transform, tuple(written.shape)))
+        for inv in keymap.inverse(list(self.shapes), self.config):
+            written = inv.join([torch.empty(self.shapes[p], device="meta") for p in inv.parts], self.config)
+            stored.append(Stored(inv.parts, inv.name, inv.join, tuple(written.shape)))
         return stored
 
     def written(self, stored: list[Stored]) -> Iterator[torch.Tensor]:
@@ -132,8 +131,8 @@ class Weights:
         source tensor is dropped before the next is read (its pages unmapped), so a caller keeps
         no reference past its loop body."""
         for s in stored:
-            tensor = self.plan.tensor(s.ours, self.dtype)
-            yield s.transform.inverse(tensor, self.config)
+            tensor = s.join([self.plan.tensor(p, self.dtype) for p in s.ours], self.config)
+            yield tensor
             del tensor
 
 
