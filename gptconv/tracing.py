@@ -41,7 +41,19 @@ EXPLAIN = {
     "final_norm": "final norm of the residual stream before the head",
     "logits": "LM head: one score per vocabulary entry at each position",
 }
+# Steps inside a block (block.{i}.<step>), where the architecture has them.
+EXPLAIN_INSIDE = {
+    "q_norm": "RMSNorm of each query head, before RoPE (Qwen3, Gemma 3)",
+    "k_norm": "RMSNorm of each key head, before RoPE (Qwen3, Gemma 3)",
+    "router": "router scores: one per expert for each token (Mixtral)",
+    "chosen_experts": "the experts each token goes to: the top-k router probabilities, renormalised",
+    "post_attention_norm": "norm of the attention output before the residual add (Gemma's sandwich)",
+    "post_feedforward_norm": "norm of the MLP output before the residual add (Gemma's sandwich)",
+}
 
 
 def explain(name: str) -> str:
-    return EXPLAIN.get(name.split(".")[0], "")
+    parts = name.split(".")
+    if len(parts) == 3 and parts[0] == "block":
+        return EXPLAIN_INSIDE.get(parts[2], "")
+    return EXPLAIN.get(parts[0], "")

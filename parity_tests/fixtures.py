@@ -248,9 +248,10 @@ FAMILY_SHAPES = {
 }
 
 
-def make_family(folder: Path, name: str, seed: int = 0, init: float = 0.2) -> Path:
+def make_family(folder: Path, name: str, seed: int = 0, init: float = 0.2, **changes) -> Path:
     import transformers
     model_type, kwargs = FAMILY_SHAPES[name]
+    kwargs = {**kwargs, **changes}
     torch.manual_seed(seed)
     cls = transformers.AutoConfig.for_model(model_type, **kwargs, initializer_range=init, bos_token_id=1,
                                             eos_token_id=2)

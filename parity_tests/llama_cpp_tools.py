@@ -126,3 +126,17 @@ def add_n_ctx(folder: Path) -> None:
     config = json.loads(path.read_text())
     config.setdefault("n_ctx", config["n_positions"])
     path.write_text(json.dumps(config, indent=2))
+
+
+def quantize(path: Path, out: Path, ftype: str) -> Path:
+    """llama.cpp's own quantizer (``llama-quantize``) on a GGUF file: ``ftype`` as llama.cpp names its
+    mixes (``Q4_K_M``, ``Q6_K``, …)."""
+    import ctypes
+
+    from gptconv.llamacpp import library
+    lib = library()
+    params = lib.llama_model_quantize_default_params()
+    params.ftype = getattr(lib, f"LLAMA_FTYPE_MOSTLY_{ftype}")
+    params.nthread = 2
+    assert lib.llama_model_quantize(str(path).encode(), str(out).encode(), ctypes.byref(params)) == 0
+    return out

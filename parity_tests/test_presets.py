@@ -23,8 +23,18 @@ PARAMETERS = {
     "smollm2-360m": 361_821_120,
     "smollm2-1.7b": 1_711_376_384,
     "mistral-7b": 7_241_732_096,
+    "mistral-7b-v0.1": 7_241_732_096,
     "qwen2.5-0.5b": 494_032_768,
+    "mixtral-8x7b": 46_702_792_704,  # the Hub's safetensors count for Mixtral-8x7B-v0.1
+    "phi-3-mini": 3_821_079_552,  # the Hub's count for Phi-3-mini-4k-instruct ("3.8B")
+    # Qwen3's model cards give rounded totals and non-embedding counts; both are checked below
+    "qwen3-0.6b": 596_049_920,
+    "qwen3-1.7b": 1_720_574_976,
+    "qwen3-4b": 4_022_468_096,
+    "qwen3-8b": 8_190_735_360,
 }
+# (total, non-embedding) in billions, as Qwen3's model cards round them
+QWEN3_CARDS = {"qwen3-0.6b": (0.6, 0.44), "qwen3-1.7b": (1.7, 1.4), "qwen3-4b": (4.0, 3.6), "qwen3-8b": (8.2, 6.95)}
 
 
 @pytest.mark.parametrize("name", sorted(PARAMETERS))
@@ -32,6 +42,16 @@ def test_preset_parameter_count(name):
     with torch.device("meta"):
         model = build(PRESETS[name])
     assert sum(p.numel() for p in model.parameters()) == PARAMETERS[name]
+
+
+@pytest.mark.parametrize("name", sorted(QWEN3_CARDS))
+def test_qwen3_counts_round_to_the_model_cards(name):
+    total, non_embedding = QWEN3_CARDS[name]
+    c = PRESETS[name]
+    embeddings = c.vocab_size * c.d_model * (1 if c.tie_embeddings else 2)
+    digits = len(str(non_embedding).split(".")[1])
+    assert round(PARAMETERS[name] / 1e9, 1) == total
+    assert round((PARAMETERS[name] - embeddings) / 1e9, digits) == non_embedding
 
 
 def test_every_preset_is_counted():

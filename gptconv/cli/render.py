@@ -30,19 +30,26 @@ def pull_summary(s) -> None:
 def trace(result) -> None:
     cfg, steps = result.config, result.steps
     heads = f"{cfg.n_heads} heads" + (f" (K/V: {cfg.n_kv_heads})" if cfg.n_kv_heads != cfg.n_heads else "")
-    click.echo(f"{result.arch}: {cfg.n_layers} blocks, d = {cfg.d_model}, {heads}, head_dim = {cfg.head_dim}, "
+    family = getattr(cfg, "family", result.arch)
+    click.echo(f"{family}: {cfg.n_layers} blocks, d = {cfg.d_model}, {heads}, head_dim = {cfg.head_dim}, "
                f"vocab = {cfg.vocab_size:,}")
     if result.arch == "llama":
         scaling = f", {cfg.rope_scaling.kind} scaling" if cfg.rope_scaling else ""
         click.echo(f"position: no position embedding; RoPE (theta = {cfg.rope_theta:g}{scaling}) rotates Q and K "
                    f"inside every attention layer; GQA: {cfg.n_heads} query heads share {cfg.n_kv_heads} K/V heads")
-    click.echo(f"{'step':<22} {'shape':<20} {'mean':>10} {'std':>10} {'min':>10} {'max':>10}  what")
-    for n, st in enumerate(steps):
+        extras = [f"each position sees the last {cfg.sliding_window} only (sliding window)"] if cfg.sliding_window else []
+        extras += ["q and k heads RMS-normed before RoPE"] if cfg.qk_norm else []
+        extras += [f"MLP: {cfg.n_experts_used} of {cfg.n_experts} experts per token"] if cfg.n_experts else []
+        if extras:
+            click.echo("also: " + "; ".join(extras))
+    click.echo(f"{'step':<24} {'shape':<20} {'mean':>10} {'std':>10} {'min':>10} {'max':>10}  what")
+    explained = set()
+    for st in steps:
         shape = "(" + ", ".join(str(d) for d in st.shape) + ")"
-        is_block = st.name.startswith("block.")
-        first_block = is_block and not steps[n - 1].name.startswith("block.")
-        note = explain(st.name) if not is_block or first_block else "〃"
-        click.echo(f"{st.name:<22} {shape:<20} {st.mean:>10.4f} {st.std:>10.4f} {st.min:>10.4f} {st.max:>10.4f}  {note}")
+        kind = ".".join(p for p in st.name.split(".") if not p.isdigit())  # block.3.router → block.router
+        note = "〃" if kind in explained else explain(st.name)
+        explained.add(kind)
+        click.echo(f"{st.name:<24} {shape:<20} {st.mean:>10.4f} {st.std:>10.4f} {st.min:>10.4f} {st.max:>10.4f}  {note}")
     click.echo("next token    " + "  ".join(f"{repr(w) if w is not None else i} {p:.3f}" for i, w, p in result.top))
 
 
@@ -55,17 +62,17 @@ def verify_report(r) -> None:
     if factor is None:
         click.echo(f"tolerance: max|Δ| ≤ {tol['atol']:g} + {tol['rtol']:g}·max|ref| per step; "
                    f"top-1 agreement ≥ {tol['min_top1']:.0%}")
-        click.echo(f"{'step':<22} {'max|Δ|':>12} {'allowed':>12}")
+        click.echo(f"{'step':<24} {'max|Δ|':>12} {'allowed':>12}")
         for s in r.steps:
-            click.echo(f"{s.name:<22} {s.max_abs_diff:>12.3e} {s.allowed:>12.3e}  {'ok' if s.passed else 'FAIL'}")
+            click.echo(f"{s.name:<24} {s.max_abs_diff:>12.3e} {s.allowed:>12.3e}  {'ok' if s.passed else 'FAIL'}")
     else:
         click.echo(f"tolerance: against the fp32 reference, ours in {r.dtype} within {factor:g}× the reference's own "
                    f"{r.dtype} error: RMS per step (+ {tol['atol']:g} + {tol['rtol']:g}·RMS(ref)), top-1 "
                    f"disagreements (+ {tol['top1_grace']}), mean KL (+ {tol['kl_floor']:g})")
         own = "ref " + r.dtype + " RMS"
-        click.echo(f"{'step':<22} {'max|Δ|':>12} {'RMS Δ':>12} {own:>14} {'allowed':>12}")
+        click.echo(f"{'step':<24} {'max|Δ|':>12} {'RMS Δ':>12} {own:>14} {'allowed':>12}")
         for s in r.steps:
-            click.echo(f"{s.name:<22} {s.max_abs_diff:>12.3e} {s.rms_diff:>12.3e} {s.reference_own_rms:>14.3e} "
+            click.echo(f"{s.name:<24} {s.max_abs_diff:>12.3e} {s.rms_diff:>12.3e} {s.reference_own_rms:>14.3e} "
                        f"{s.allowed:>12.3e}  {'ok' if s.passed else 'FAIL'}")
     click.echo(f"logits max|Δ| = {r.max_abs_diff:.3e}, top-1 agreement = {r.top1_agreement:.2%}, "
                f"KL mean = {r.kl_mean:.3e}, max = {r.kl_max:.3e}")

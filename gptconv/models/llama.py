@@ -73,6 +73,13 @@ class LlamaConfig:
 _LLAMA31 = RopeScaling("llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_context_length=8192)
 _LLAMA32 = RopeScaling("llama3", factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0, original_context_length=8192)
 
+def _qwen3(d_model: int, n_layers: int, n_heads: int, d_ff: int, tie: bool) -> LlamaConfig:
+    """Qwen3's dense models share all but their sizes: 8 K/V heads of 128, QK-norm, no biases."""
+    return LlamaConfig(vocab_size=151936, context_length=40960, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
+                       n_kv_heads=8, d_ff=d_ff, head_dim=128, norm_eps=1e-6, rope_theta=1000000.0,
+                       tie_embeddings=tie, qk_norm=True, bos_token_id=151643, eos_token_id=151645, family="qwen3")
+
+
 PRESETS: dict[str, LlamaConfig] = {
     "llama-2-7b": LlamaConfig(vocab_size=32000, context_length=4096, d_model=4096, n_layers=32, n_heads=32,
                               n_kv_heads=32, d_ff=11008, rope_theta=10000.0, bos_token_id=1, eos_token_id=2),
@@ -103,11 +110,23 @@ PRESETS: dict[str, LlamaConfig] = {
                                 bos_token_id=1, eos_token_id=2),
     "mistral-7b": LlamaConfig(vocab_size=32000, context_length=32768, d_model=4096, n_layers=32, n_heads=32,
                               n_kv_heads=8, d_ff=14336, rope_theta=10000.0, sliding_window=4096,
-                              bos_token_id=1, eos_token_id=2),
+                              bos_token_id=1, eos_token_id=2, family="mistral"),
+    "qwen3-0.6b": _qwen3(d_model=1024, n_layers=28, n_heads=16, d_ff=3072, tie=True),
+    "qwen3-1.7b": _qwen3(d_model=2048, n_layers=28, n_heads=16, d_ff=6144, tie=True),
+    "qwen3-4b": _qwen3(d_model=2560, n_layers=36, n_heads=32, d_ff=9728, tie=True),
+    "qwen3-8b": _qwen3(d_model=4096, n_layers=36, n_heads=32, d_ff=12288, tie=False),
+    "phi-3-mini": LlamaConfig(vocab_size=32064, context_length=4096, d_model=3072, n_layers=32, n_heads=32,
+                              n_kv_heads=32, d_ff=8192, rope_theta=10000.0, sliding_window=2047,
+                              bos_token_id=1, eos_token_id=32000, family="phi3"),
+    "mixtral-8x7b": LlamaConfig(vocab_size=32000, context_length=32768, d_model=4096, n_layers=32, n_heads=32,
+                                n_kv_heads=8, d_ff=14336, rope_theta=1000000.0, n_experts=8, n_experts_used=2,
+                                bos_token_id=1, eos_token_id=2, family="mixtral"),
     "qwen2.5-0.5b": LlamaConfig(vocab_size=151936, context_length=32768, d_model=896, n_layers=24, n_heads=14,
                                 n_kv_heads=2, d_ff=4864, rope_theta=1000000.0, tie_embeddings=True,
-                                qkv_bias=True, norm_eps=1e-6, bos_token_id=151643, eos_token_id=151643),
+                                qkv_bias=True, norm_eps=1e-6, bos_token_id=151643, eos_token_id=151643,
+                                family="qwen2"),
 }
+PRESETS["mistral-7b-v0.1"] = PRESETS["mistral-7b"]
 
 
 class Llama(nn.Module):

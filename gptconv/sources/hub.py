@@ -66,6 +66,13 @@ ALIASES: dict[str, str] = {
     "smollm2-360m": "HuggingFaceTB/SmolLM2-360M",
     "smollm2-1.7b": "HuggingFaceTB/SmolLM2-1.7B",
     "mistral-7b": "mistralai/Mistral-7B-v0.1",
+    "mistral-7b-v0.1": "mistralai/Mistral-7B-v0.1",
+    "mixtral-8x7b": "mistralai/Mixtral-8x7B-v0.1",
+    "phi-3-mini": "microsoft/Phi-3-mini-4k-instruct",
+    "qwen3-0.6b": "Qwen/Qwen3-0.6B",
+    "qwen3-1.7b": "Qwen/Qwen3-1.7B",
+    "qwen3-4b": "Qwen/Qwen3-4B",
+    "qwen3-8b": "Qwen/Qwen3-8B",
     "qwen2.5-0.5b": "Qwen/Qwen2.5-0.5B",
 }
 
