@@ -162,3 +162,23 @@ def test_k_quants_from_llama_cpps_quantizer_load_and_match_llama_cpp(k_quantable
     report = gptconv.verify(str(q), against="llama.cpp", length=window)
     print(f"\n{name} Q4_K_M ({sorted(types)}) vs llama.cpp: max|Δ| = {report.max_abs_diff:.3e}")
     assert report.passed, (report.first_divergent_step, report.notes)
+
+
+@pytest.mark.parametrize("name,change,message", [
+    ("mixtral", {"num_experts_per_tok": 5}, "n_experts_used = 5 is not an integer in 1 … 4"),
+    ("mixtral", {"num_local_experts": 0}, "n_experts = 0 is not an integer"),
+    ("mistral-swa", {"sliding_window": 0}, "field 'sliding_window' is 0; it must be at least 1"),
+    ("qwen3", {"use_sliding_window": True, "sliding_window": 8, "layer_types": ["sliding_attention", "full_attention"]},
+     "sliding-window attention on some layers only is not supported"),
+    ("phi3", {"rope_scaling": {"rope_type": "longrope", "long_factor": [1.0], "short_factor": [1.0]}},
+     "rope_type 'longrope' is not supported"),
+])
+def test_what_we_do_not_implement_is_one_line_and_exit_2(families, tmp_path, name, change, message):
+    import json
+    import shutil
+    bad = tmp_path / name
+    shutil.copytree(families[name], bad)
+    config = json.loads((bad / "config.json").read_text())
+    (bad / "config.json").write_text(json.dumps({**config, **change}))
+    r = run_cli("trace", bad, "hi")
+    assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr

@@ -19,7 +19,9 @@ from helpers import edited_copy, run_cli, swap
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("fixture,name", [("ckpts", "tiny"), ("ckpts", "odd"), ("llamas", "llama3-gqa"),
-                                          ("llamas", "tied"), ("llamas", "qwen2"), ("llamas", "llama31-scaled")])
+                                          ("llamas", "tied"), ("llamas", "qwen2"), ("llamas", "llama31-scaled"),
+                                          ("families", "mistral-swa"), ("families", "qwen3"), ("families", "phi3"),
+                                          ("families", "mixtral")])
 def test_correct_random_models_pass(request, fixture, name, dtype):
     report = verify(str(request.getfixturevalue(fixture)[name]), dtype=dtype)
     assert report.passed, (report.first_divergent_step, report.notes)

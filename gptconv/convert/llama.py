@@ -17,11 +17,14 @@ from .keymap import Drop, Fused, KeyMap, Map, Stacked, TensorInfo, Tied, Transfo
 
 
 def rope_from_hf(f: ConfigFields) -> tuple[float, RopeScaling | None]:
-    """(theta, scaling) from transformers 5's ``rope_parameters`` or the legacy ``rope_theta`` / ``rope_scaling``."""
-    params = f.dict("rope_parameters", None)
-    if params is None:  # legacy: theta at top level, scaling (if any) in rope_scaling with 'type' or 'rope_type'
-        params = dict(f.dict("rope_scaling", None) or {})
-        params.setdefault("rope_theta", f.float("rope_theta", 10000.0))
+    """(theta, scaling) from transformers 5's ``rope_parameters`` or the legacy ``rope_theta`` / ``rope_scaling``.
+    A ``rope_scaling`` beside ``rope_parameters`` wins, as it does in transformers."""
+    params = dict(f.dict("rope_parameters", None) or {})
+    legacy = f.dict("rope_scaling", None)
+    if legacy or not params:  # legacy: theta at top level, scaling (if any) in rope_scaling with 'type' or 'rope_type'
+        params = {"rope_theta": params.get("rope_theta", f.float("rope_theta", 10000.0)), **(legacy or {})}
+    if "partial_rotary_factor" in f.data:  # Phi-3's config may say it at top level
+        params.setdefault("partial_rotary_factor", f.float("partial_rotary_factor"))
     p = ConfigFields(params, f"{f.origin} (rope parameters)")
     theta = p.float("rope_theta", 10000.0)
     kind = p.str("rope_type", None) or p.str("type", None) or "default"
