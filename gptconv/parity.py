@@ -58,6 +58,7 @@ FP32 = Tolerance(atol=1e-4, rtol=1e-5, min_top1=1.0)
 LLAMA_CPP = {
     "llama": Tolerance(atol=5e-4, rtol=5e-5, min_top1=0.99),
     "gpt2": Tolerance(atol=1e-3, rtol=1e-3, min_top1=0.99),
+    "gemma3": Tolerance(atol=5e-4, rtol=5e-5, min_top1=0.99),
 }
 # Our model against itself computed in another order: through the KV cache in chunks, the head on the
 # last row only, the one-row products (BLAS gemv or blocks) against F.linear. float32 summation order.
