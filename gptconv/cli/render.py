@@ -36,6 +36,12 @@ def trace(result) -> None:
         scaling = f", {cfg.rope_scaling.kind} scaling" if cfg.rope_scaling else ""
         click.echo(f"position: no position embedding; RoPE (theta = {cfg.rope_theta:g}{scaling}) rotates Q and K "
                    f"inside every attention layer; GQA: {cfg.n_heads} query heads share {cfg.n_kv_heads} K/V heads")
+    if result.arch == "gemma3":
+        local = sum(t == "sliding_attention" for t in cfg.layer_types)
+        scaling = f", {cfg.rope_scaling.kind} scaling" if cfg.rope_scaling else ""
+        click.echo(f"position: RoPE on q and k; {local} local layers see their last {cfg.sliding_window} positions "
+                   f"(theta = {cfg.rope_local_theta:g}), {cfg.n_layers - local} global layers see all "
+                   f"(theta = {cfg.rope_theta:g}{scaling}); norms before and after each sublayer")
     click.echo(f"{'step':<22} {'shape':<20} {'mean':>10} {'std':>10} {'min':>10} {'max':>10}  what")
     for n, st in enumerate(steps):
         shape = "(" + ", ".join(str(d) for d in st.shape) + ")"
