@@ -24,6 +24,9 @@ PARAMETERS = {
     "smollm2-1.7b": 1_711_376_384,
     "mistral-7b": 7_241_732_096,
     "qwen2.5-0.5b": 494_032_768,
+    "gemma-3-270m": 268_098_176,
+    "gemma-3-1b": 999_885_952,
+    "gemma-3-4b": 3_880_263_168,  # the text model: not published, see test_gemma3.py
 }
 
 

@@ -67,6 +67,11 @@ ALIASES: dict[str, str] = {
     "smollm2-1.7b": "HuggingFaceTB/SmolLM2-1.7B",
     "mistral-7b": "mistralai/Mistral-7B-v0.1",
     "qwen2.5-0.5b": "Qwen/Qwen2.5-0.5B",
+    "gemma-3-270m": "google/gemma-3-270m",
+    "gemma-3-1b": "google/gemma-3-1b-pt",
+    # the 4B's repo holds the multimodal model (model_type gemma3: text and vision), which is refused
+    # as such; the preset is its text model
+    "gemma-3-4b": "google/gemma-3-4b-pt",
 }
 
 SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
