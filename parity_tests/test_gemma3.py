@@ -161,6 +161,13 @@ def test_verify_passes_past_the_window(gemma3):
             "block.0.post_feedforward_norm", "final_norm", "logits"} <= names
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_verify_passes_in_low_precision(gemma3, dtype):
+    """Our norms compute in float32 and round once, our √d is rounded to the dtype first, as HF's."""
+    report = gptconv.verify(str(gemma3), dtype=dtype)
+    assert report.passed, (report.first_divergent_step, report.notes)
+
+
 def test_trace_names_the_new_steps(gemma3):
     r = run_cli("trace", gemma3, "The capital of France is")
     assert r.returncode == 0, r.stderr
@@ -205,6 +212,7 @@ def _with_config(folder: Path, dst: Path, **changes) -> Path:
     (dict(hidden_activation="gelu"), "hidden_activation 'gelu' is not supported"),
     (dict(tie_word_embeddings=False), "untied"),
     (dict(layer_types=[SLIDING] * 5), "'layer_types' must list"),
+    (dict(sliding_window=None), "'sliding_window' is null"),
     (dict(rope_parameters={FULL: {"rope_type": "yarn", "rope_theta": 1e6, "factor": 2.0},
                            SLIDING: {"rope_type": "default", "rope_theta": 1e4}}), "rope_type 'yarn'"),
     (dict(rope_parameters={FULL: {"rope_type": "default", "rope_theta": 1e6},

@@ -41,7 +41,7 @@ def trace(result) -> None:
         scaling = f", {cfg.rope_scaling.kind} scaling" if cfg.rope_scaling else ""
         click.echo(f"position: RoPE on q and k; {local} local layers see their last {cfg.sliding_window} positions "
                    f"(theta = {cfg.rope_local_theta:g}), {cfg.n_layers - local} global layers see all "
-                   f"(theta = {cfg.rope_theta:g}{scaling}); norms before and after each sublayer")
+                   f"(theta = {cfg.rope_theta:g}{scaling}); token_embedding is × √d; norms before and after each sublayer")
     click.echo(f"{'step':<22} {'shape':<20} {'mean':>10} {'std':>10} {'min':>10} {'max':>10}  what")
     for n, st in enumerate(steps):
         shape = "(" + ", ".join(str(d) for d in st.shape) + ")"

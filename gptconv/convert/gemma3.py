@@ -35,6 +35,9 @@ def gemma3_config_from_hf(data: dict[str, Any], origin: object) -> Gemma3Config:
     f.refuse("attention_bias", True, "biases on q, k, v and the output")
     f.refuse("tie_word_embeddings", False, "an LM head untied from the embedding")
     n_layers = f.int("num_hidden_layers")
+    layer_types = _layer_types(f, n_layers)
+    if "sliding_window" in data and data["sliding_window"] is None and SLIDING in layer_types:
+        raise f.error("'sliding_window' is null but some layers are sliding_attention (no window is not supported)")
     (theta, scaling), local_theta = _rope(f)
     return build_config(
         Gemma3Config, f,
@@ -45,7 +48,7 @@ def gemma3_config_from_hf(data: dict[str, Any], origin: object) -> Gemma3Config:
         d_ff=f.int("intermediate_size"),
         head_dim=f.positive("head_dim", 256),
         sliding_window=f.positive("sliding_window", 4096),
-        layer_types=_layer_types(f, n_layers),
+        layer_types=layer_types,
         query_pre_attn_scalar=f.float("query_pre_attn_scalar", 256.0),
         norm_eps=f.float("rms_norm_eps", 1e-6),
         rope_theta=theta,
