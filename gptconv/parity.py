@@ -58,6 +58,9 @@ FP32 = Tolerance(atol=1e-4, rtol=1e-5, min_top1=1.0)
 LLAMA_CPP = {
     "llama": Tolerance(atol=5e-4, rtol=5e-5, min_top1=0.99),
     "gpt2": Tolerance(atol=1e-3, rtol=1e-3, min_top1=0.99),
+    # Gemma 3: its GeGLU's GELU also from ggml's float16 table (emulating that rounding takes a random
+    # model's 3.8e-3 at max|logit| 9.2 down to 1.6e-3)
+    "gemma3": Tolerance(atol=1e-3, rtol=1e-3, min_top1=0.99),
 }
 # Our model against itself computed in another order: through the KV cache in chunks, the head on the
 # last row only, the one-row products (BLAS gemv or blocks) against F.linear. float32 summation order.

@@ -26,6 +26,12 @@ REFERENCE_TAPS: dict[str, dict[str, str]] = {
     "gpt2": {"embedding_dropout": "transformer.drop", "block.{i}": "transformer.h.{i}",
              "final_norm": "transformer.ln_f"},
     "llama": {"token_embedding": "model.embed_tokens", "block.{i}": "model.layers.{i}", "final_norm": "model.norm"},
+    # Gemma3TextScaledWordEmbedding's output is already × √d, as our token_embedding step is
+    "gemma3": {"token_embedding": "model.embed_tokens", "block.{i}.q_norm": "model.layers.{i}.self_attn.q_norm",
+               "block.{i}.k_norm": "model.layers.{i}.self_attn.k_norm",
+               "block.{i}.post_attention_norm": "model.layers.{i}.post_attention_layernorm",
+               "block.{i}.post_feedforward_norm": "model.layers.{i}.post_feedforward_layernorm",
+               "block.{i}": "model.layers.{i}", "final_norm": "model.norm"},
 }
 
 def _transformers():

@@ -32,6 +32,9 @@ PARAMETERS = {
     "qwen3-1.7b": 1_720_574_976,
     "qwen3-4b": 4_022_468_096,
     "qwen3-8b": 8_190_735_360,
+    "gemma-3-270m": 268_098_176,
+    "gemma-3-1b": 999_885_952,
+    "gemma-3-4b": 3_880_263_168,  # the text model: not published, see test_gemma3.py
 }
 # (total, non-embedding) in billions, as Qwen3's model cards round them
 QWEN3_CARDS = {"qwen3-0.6b": (0.6, 0.44), "qwen3-1.7b": (1.7, 1.4), "qwen3-4b": (4.0, 3.6), "qwen3-8b": (8.2, 6.95)}

@@ -42,6 +42,12 @@ def trace(result) -> None:
         extras += [f"MLP: {cfg.n_experts_used} of {cfg.n_experts} experts per token"] if cfg.n_experts else []
         if extras:
             click.echo("also: " + "; ".join(extras))
+    if result.arch == "gemma3":
+        local = sum(t == "sliding_attention" for t in cfg.layer_types)
+        scaling = f", {cfg.rope_scaling.kind} scaling" if cfg.rope_scaling else ""
+        click.echo(f"position: RoPE on q and k; {local} local layers see their last {cfg.sliding_window} positions "
+                   f"(theta = {cfg.rope_local_theta:g}), {cfg.n_layers - local} global layers see all "
+                   f"(theta = {cfg.rope_theta:g}{scaling}); token_embedding is × √d; norms before and after each sublayer")
     click.echo(f"{'step':<24} {'shape':<20} {'mean':>10} {'std':>10} {'min':>10} {'max':>10}  what")
     explained = set()
     for st in steps:

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .gemma3 import GEMMA3_GGUF, GEMMA3_HF, gemma3_config_from_gguf, gemma3_config_from_hf, gemma3_config_to_hf
 from .gpt2 import GPT2_GGUF, GPT2_HF, gpt2_config_from_gguf, gpt2_config_from_hf, gpt2_config_to_hf
 from .keymap import KeyMap, Plan, TensorInfo, model_shapes
 from .llama import (LLAMA_FAMILIES, llama_config_from_gguf, llama_config_from_hf, llama_config_to_hf, llama_gguf_keymap,
@@ -36,6 +37,8 @@ _LLAMA = HFFamily(llama_config_from_hf, llama_config_to_hf, llama_hf_keymap)
 HF_FAMILIES: dict[str, HFFamily] = {
     "gpt2": HFFamily(gpt2_config_from_hf, gpt2_config_to_hf, lambda config: GPT2_HF),
     **{model_type: _LLAMA for model_type in LLAMA_FAMILIES},
+    # Gemma 3's text model; the multimodal wrapper (model_type gemma3) is not handled
+    "gemma3_text": HFFamily(gemma3_config_from_hf, gemma3_config_to_hf, lambda config: GEMMA3_HF),
 }
 
 
@@ -46,6 +49,7 @@ GGUF_ARCHS: dict[str, tuple[Callable[[Any, dict[str, TensorInfo]], Any], Callabl
     **{arch: (llama_config_from_gguf, lambda config, arch=arch: llama_gguf_keymap(config, arch))
        for arch in ("qwen2", "qwen3", "phi3")},
     "gpt2": (gpt2_config_from_gguf, lambda config: GPT2_GGUF),
+    "gemma3": (gemma3_config_from_gguf, lambda config: GEMMA3_GGUF),
 }
 
 
@@ -61,7 +65,9 @@ def gguf_arch(config: Any) -> str:
 
 def hf_family(config: Any) -> HFFamily:
     """The HF family that writes and reads ``config`` (our architecture name → an HF model_type)."""
-    return HF_FAMILIES["gpt2" if config.arch == "gpt2" else llama_model_type(config)]
+    if config.arch == "llama":
+        return HF_FAMILIES[llama_model_type(config)]
+    return HF_FAMILIES[{"gpt2": "gpt2", "gemma3": "gemma3_text"}[config.arch]]
 
 
 __all__ = ["GGUF_ARCHS", "gguf_arch", "GPT2_HF", "HFFamily", "HF_FAMILIES", "KeyMap", "hf_family", "Plan", "TensorInfo", "model_shapes"]

@@ -56,6 +56,8 @@ def vocab_of_folder(folder: Path, cfg: Any, tk: HFTokenizer, chat_template: str 
     vocab.chat_template = chat_template
     if gguf_arch(cfg) == "llama" and isinstance(config.get("add_prefix_space"), bool):  # the converter's Llama rule
         vocab.add_space_prefix = config["add_prefix_space"]
+    if gguf_arch(cfg) == "gemma3" and (folder / "tokenizer.model").is_file():  # the converter's Gemma 3 rule
+        vocab.add_space_prefix = False
     return vocab
 
 

@@ -6,6 +6,8 @@ import torch
 import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 
+from .gemma3 import PRESETS as GEMMA3_PRESETS
+from .gemma3 import Gemma3, Gemma3Config
 from .gpt2 import GPT2, GPT2Config
 from .gpt2 import PRESETS as GPT2_PRESETS
 from .kv_cache import KVCache
@@ -17,9 +19,10 @@ from .rope import RopeScaling
 ARCHITECTURES: dict[str, tuple[type, type[nn.Module]]] = {
     "gpt2": (GPT2Config, GPT2),
     "llama": (LlamaConfig, Llama),
+    "gemma3": (Gemma3Config, Gemma3),
 }
 
-PRESETS: dict[str, object] = {**GPT2_PRESETS, **LLAMA_PRESETS}
+PRESETS: dict[str, object] = {**GPT2_PRESETS, **LLAMA_PRESETS, **GEMMA3_PRESETS}
 
 
 def build(config: object) -> nn.Module:
@@ -46,5 +49,5 @@ class _SkipInit(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-__all__ = ["ARCHITECTURES", "GPT2", "GPT2Config", "KVCache", "Llama", "LlamaConfig", "PRESETS", "RopeScaling",
+__all__ = ["ARCHITECTURES", "Gemma3", "Gemma3Config", "GPT2", "GPT2Config", "KVCache", "Llama", "LlamaConfig", "PRESETS", "RopeScaling",
            "build", "build_empty"]

@@ -103,5 +103,8 @@ class KVCache:
 
 
 def cache_window(config: object) -> int | None:
-    """The window every layer of ``config`` attends within, or None when some layer sees everything."""
+    """The window every layer of ``config`` attends within, or None when some layer sees everything
+    (Gemma's global layers: each layer then applies its own window in attention)."""
+    if any(kind != "sliding_attention" for kind in getattr(config, "layer_types", ())):
+        return None
     return getattr(config, "sliding_window", None)

@@ -74,6 +74,11 @@ ALIASES: dict[str, str] = {
     "qwen3-4b": "Qwen/Qwen3-4B",
     "qwen3-8b": "Qwen/Qwen3-8B",
     "qwen2.5-0.5b": "Qwen/Qwen2.5-0.5B",
+    "gemma-3-270m": "google/gemma-3-270m",
+    "gemma-3-1b": "google/gemma-3-1b-pt",
+    # the 4B's repo holds the multimodal model (model_type gemma3: text and vision), which is refused
+    # as such; the preset is its text model
+    "gemma-3-4b": "google/gemma-3-4b-pt",
 }
 
 SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",

@@ -19,6 +19,7 @@ from gguf.quants import quant_shape_to_byte_shape, quantize
 from ..errors import GptconvError, where
 from ..models.rope import rope_frequencies
 from ..convert import GGUF_ARCHS, gguf_arch
+from ..convert.gemma3 import gguf_llama_cpp_mismatch, query_scale_to_write
 from ..convert.gguf_tokenizer import GGUFVocab
 from ..convert.hf_vocab import vocab_of_folder
 from ..output import TailHash, WriteBehind
@@ -122,6 +123,9 @@ def _add_hparams(w: GGUFWriter, cfg) -> None:
     """The hyperparameters llama.cpp's converter writes for this architecture, no more (so the two
     files' metadata can be compared key by key)."""
     arch = gguf_arch(cfg)
+    if arch == "gemma3":
+        _add_gemma3_hparams(w, cfg)
+        return
     w.add_context_length(cfg.context_length)
     if arch == "phi3":
         w.add_rope_scaling_orig_ctx_len(cfg.context_length)  # no longrope: the original context is the context
@@ -159,6 +163,34 @@ def _add_hparams(w: GGUFWriter, cfg) -> None:
     if cfg.rope_scaling is not None and cfg.rope_scaling.kind == "linear":
         w.add_rope_scaling_type(RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(cfg.rope_scaling.factor)
+
+
+def _add_gemma3_hparams(w: GGUFWriter, cfg) -> None:
+    """What llama.cpp's converter writes for Gemma 3 (its TextModel's keys, then Gemma3Model's): no
+    vocab_size, no rope dimension; both RoPE bases; the window (llama.cpp places the global layers itself)."""
+    if (problem := gguf_llama_cpp_mismatch(cfg)) is not None:
+        raise GptconvError(f"cannot be written as GGUF gemma3: {problem}")
+    w.add_block_count(cfg.n_layers)
+    w.add_context_length(cfg.context_length)
+    w.add_embedding_length(cfg.d_model)
+    w.add_feed_forward_length(cfg.d_ff)
+    w.add_head_count(cfg.n_heads)
+    w.add_head_count_kv(cfg.n_kv_heads)
+    if cfg.rope_scaling is not None:  # the global layers'; linear is the only kind Gemma 3 has
+        w.add_rope_scaling_type(RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(cfg.rope_scaling.factor)
+    w.add_rope_freq_base(cfg.rope_theta)
+    w.add_rope_freq_base_swa(cfg.rope_local_theta)
+    w.add_layer_norm_rms_eps(cfg.norm_eps)
+    w.add_key_length(cfg.head_dim)
+    w.add_value_length(cfg.head_dim)
+    if cfg.final_logit_softcapping is not None:
+        w.add_final_logit_softcapping(cfg.final_logit_softcapping)
+    w.add_sliding_window(cfg.sliding_window)
+    if (scale := query_scale_to_write(cfg)) is not None:
+        # llama.cpp stores no query_pre_attn_scalar (it assumes head_dim, or d / heads for the 27B);
+        # we keep a scalar it would not assume, so that reading the file back keeps it
+        w.add_attention_scale(scale)
 
 
 def _vocab(src, tokenizer, cfg) -> GGUFVocab:
