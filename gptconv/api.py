@@ -168,7 +168,16 @@ def verify(source: str | Path, dtype: str = "float32", length: int | None = None
             raise GptconvError("verify --against llama.cpp runs in float32 (llama.cpp has no float16 / bfloat16 "
                                "model to compare with ours); verify --dtype float16 / bfloat16 against transformers")
         from .llamacpp import verify_gguf
-        return verify_gguf(src, load_source(src, dt), _inputs(src, length, seed))
+        window = src.config.sliding_window if src.arch == "llama" else None
+        asked = length
+        if window is not None and length is None:
+            length = min(window, _length(src, None))  # llama.cpp attends past the window: compare within it
+        report = verify_gguf(src, load_source(src, dt), _inputs(src, length, seed))
+        if window is not None and (asked is None or asked > window):
+            report.notes.append(f"llama.cpp attends past this model's sliding window ({window}), transformers and "
+                                f"gptconv do not: " + ("compared within the window" if asked is None else
+                                                      "past it the two differ by design"))
+        return report
     if reference_file is not None:
         model = load_source(src, dt)
         inputs, runs, meta = read_reference(Path(reference_file))

@@ -36,6 +36,28 @@ def test_fixtures_have_the_features_they_claim(families):
     assert {c.family for c in cfg.values()} == {"mistral", "qwen3", "phi3", "mixtral"}
 
 
+@pytest.mark.parametrize("name", FAMILIES)
+@pytest.mark.parametrize("drop", [("rms_norm_eps", "sliding_window", "max_window_layers"),
+                                  ("rope_parameters", "rope_theta", "rope_scaling")])
+def test_a_field_left_out_means_what_transformers_reads(families, tmp_path, name, drop):
+    """Defaults differ by family (Mistral's window 4096, Mixtral's eps 1e-5 and theta 1e6, …)."""
+    import json
+    import shutil
+    from transformers import AutoConfig
+    folder = tmp_path / name
+    shutil.copytree(families[name], folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k not in drop}))
+    ours, theirs = gptconv.open_source(folder).config, AutoConfig.from_pretrained(folder)
+    params = getattr(theirs, "rope_parameters", None) or {}
+    assert ours.norm_eps == theirs.rms_norm_eps
+    assert ours.rope_theta == params.get("rope_theta", getattr(theirs, "rope_theta", None))
+    layer_types = getattr(theirs, "layer_types", None) or []
+    windowed = getattr(theirs, "sliding_window", None) is not None and (
+        not layer_types or all(t == "sliding_attention" for t in layer_types))
+    assert ours.sliding_window == (theirs.sliding_window if windowed else None)
+
+
 @pytest.mark.parametrize("name", WINDOWED)
 def test_without_its_window_the_model_is_far_off(families, name):
     """The parity above checks the window: the same weights attending to everything differ at once."""

@@ -104,6 +104,10 @@ def test_llama_cpp_ignores_sliding_windows(converter_fixtures, tmp_path, name):
     assert window is not None
     report = verify(str(out), against="llama.cpp", length=4 * window)
     assert not report.passed and report.first_divergent_step == "logits"
+    assert any("past it the two differ by design" in note for note in report.notes)
+    report = verify(str(out), against="llama.cpp")  # by default: within the window, and says so
+    assert report.passed and report.inputs["random"] == window
+    assert any("compared within the window" in note for note in report.notes)
     full = build(dataclasses.replace(model.config, sliding_window=None)).eval()
     full.load_state_dict(model.state_dict())
     ids = list(range(100, 100 + 4 * window))

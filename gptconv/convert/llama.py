@@ -16,17 +16,17 @@ from .hf_config import ConfigFields, build_config
 from .keymap import Drop, Fused, KeyMap, Map, Stacked, TensorInfo, Tied, Transform, concat
 
 
-def rope_from_hf(f: ConfigFields) -> tuple[float, RopeScaling | None]:
+def rope_from_hf(f: ConfigFields, default_theta: float = 10000.0) -> tuple[float, RopeScaling | None]:
     """(theta, scaling) from transformers 5's ``rope_parameters`` or the legacy ``rope_theta`` / ``rope_scaling``.
     A ``rope_scaling`` beside ``rope_parameters`` wins, as it does in transformers."""
     params = dict(f.dict("rope_parameters", None) or {})
     legacy = f.dict("rope_scaling", None)
     if legacy or not params:  # legacy: theta at top level, scaling (if any) in rope_scaling with 'type' or 'rope_type'
-        params = {"rope_theta": params.get("rope_theta", f.float("rope_theta", 10000.0)), **(legacy or {})}
+        params = {"rope_theta": params.get("rope_theta", f.float("rope_theta", default_theta)), **(legacy or {})}
     if "partial_rotary_factor" in f.data:  # Phi-3's config may say it at top level
         params.setdefault("partial_rotary_factor", f.float("partial_rotary_factor"))
     p = ConfigFields(params, f"{f.origin} (rope parameters)")
-    theta = p.float("rope_theta", 10000.0)
+    theta = p.float("rope_theta", default_theta)
     kind = p.str("rope_type", None) or p.str("type", None) or "default"
     if p.float("partial_rotary_factor", 1.0) != 1.0:
         raise p.error("partial_rotary_factor != 1 (RoPE on part of each head) is not supported")
@@ -44,8 +44,16 @@ def rope_from_hf(f: ConfigFields) -> tuple[float, RopeScaling | None]:
     raise p.error(f"rope_type '{kind}' is not supported (default, linear, llama3)")
 
 
-# model_type → what sets it apart from Llama (besides what config.json states the same way)
-LLAMA_FAMILIES = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "phi3")
+# model_type → transformers' defaults for the fields a config.json may leave out, where they are not Llama's
+# (rms_norm_eps 1e-6, rope_theta 1e4, no sliding window): a missing field means what transformers reads
+LLAMA_FAMILIES = {
+    "llama": {},
+    "mistral": {"sliding_window": 4096},
+    "mixtral": {"rms_norm_eps": 1e-5, "rope_theta": 1e6},
+    "qwen2": {"max_window_layers": 28},
+    "qwen3": {"max_window_layers": 28},
+    "phi3": {"rms_norm_eps": 1e-5},
+}
 
 
 def llama_config_from_hf(data: dict[str, Any], origin: object) -> LlamaConfig:
@@ -54,7 +62,8 @@ def llama_config_from_hf(data: dict[str, Any], origin: object) -> LlamaConfig:
     act = f.str("hidden_act", "silu")
     if act != "silu":
         raise f.error(f"hidden_act '{act}' is not supported (SwiGLU uses silu)")
-    theta, scaling = rope_from_hf(f)
+    defaults = LLAMA_FAMILIES.get(model_type, {})
+    theta, scaling = rope_from_hf(f, defaults.get("rope_theta", 10000.0))
     if model_type == "qwen2":  # Qwen2 always has q/k/v biases and none on the output
         qkv_bias, o_bias = True, False
     elif model_type in ("llama", "qwen3"):
@@ -74,26 +83,26 @@ def llama_config_from_hf(data: dict[str, Any], origin: object) -> LlamaConfig:
         n_kv_heads=f.positive("num_key_value_heads", f.int("num_attention_heads")),
         d_ff=f.int("intermediate_size"),
         head_dim=f.positive("head_dim", 0),  # 0: d_model / n_heads
-        norm_eps=f.float("rms_norm_eps", 1e-6),
+        norm_eps=f.float("rms_norm_eps", defaults.get("rms_norm_eps", 1e-6)),
         rope_theta=theta,
         rope_scaling=scaling,
         tie_embeddings=f.bool("tie_word_embeddings", False),
         qkv_bias=qkv_bias,
         o_bias=o_bias,
         mlp_bias=f.bool("mlp_bias", False) if model_type == "llama" else False,  # only Llama has the option
-        sliding_window=_sliding_window(f, model_type),
+        sliding_window=_sliding_window(f, model_type, defaults),
         qk_norm=model_type == "qwen3",
         family=model_type,
         **experts,
     )
 
 
-def _sliding_window(f: ConfigFields, model_type: str) -> int | None:
+def _sliding_window(f: ConfigFields, model_type: str, defaults: dict) -> int | None:
     """The window every layer attends within, or None. Mistral, Mixtral and Phi-3 window every layer
     when ``sliding_window`` is set; Qwen2/3 only with ``use_sliding_window``, and then only some layers
     (``layer_types``, else those from ``max_window_layers`` on), which we refuse unless it is all."""
-    if model_type in ("mistral", "mixtral", "phi3"):
-        return f.positive("sliding_window", None)
+    if model_type in ("mistral", "mixtral", "phi3"):  # absent: the family's default; null: none
+        return f.positive("sliding_window", None) if "sliding_window" in f.data else defaults.get("sliding_window")
     if model_type not in ("qwen2", "qwen3") or not f.bool("use_sliding_window", False):
         return None
     n = f.int("num_hidden_layers")
@@ -101,7 +110,7 @@ def _sliding_window(f: ConfigFields, model_type: str) -> int | None:
     if isinstance(types, list):
         sliding = [t == "sliding_attention" for t in types]
     else:
-        first = f.int("max_window_layers", n)
+        first = f.int("max_window_layers", defaults["max_window_layers"])
         sliding = [i >= first for i in range(n)]
     if not any(sliding):
         return None
