@@ -19,8 +19,8 @@ __version__ = "0.1.0"
 
 from pathlib import Path
 
-from .api import (ExportSummary, Generation, Inspection, PullSummary, Report, Trace, export, generate, inspect, pull,
-                  record_reference, trace, verify)
+from .api import (ExportSummary, Generation, Inspection, Perplexity, PullSummary, Report, Trace, export, generate,
+                  inspect, perplexity, pull, record_reference, trace, verify)
 from .errors import GptconvError
 from .loader import load, open_source
 from .models import GPT2, GPT2Config, KVCache, Llama, LlamaConfig
@@ -39,5 +39,5 @@ def load_tokenizer(source: str | Path) -> Tokenizer:
 
 
 __all__ = ["GPT2", "GPT2Config", "ExportSummary", "Generation", "GptconvError", "Inspection", "KVCache", "Llama",
-           "LlamaConfig", "PullSummary", "Report", "Trace", "Tokenizer", "export", "generate", "inspect", "load",
-           "load_tokenizer", "open_source", "pull", "record_reference", "trace", "verify"]
+           "LlamaConfig", "Perplexity", "PullSummary", "Report", "Trace", "Tokenizer", "export", "generate", "inspect",
+           "load", "load_tokenizer", "open_source", "perplexity", "pull", "record_reference", "trace", "verify"]

@@ -1,5 +1,5 @@
 """The public functions, one per command: ``pull``, ``trace``, ``generate``, ``verify``, ``export``,
-``inspect``, ``record_reference``; each returns a typed result with ``to_dict()`` (``results.py``),
+``inspect``, ``record_reference``, ``perplexity``; each returns a typed result with ``to_dict()`` (``results.py``),
 and the CLI only parses arguments and prints these results."""
 
 from __future__ import annotations
@@ -18,9 +18,11 @@ from .errors import GptconvError, NoTokenizer, where
 from .loader import Source, load_source, open_source, parse_dtype
 from .output import check_output
 from .parity import Report, compare, parity_inputs
+from .perplexity import Perplexity, check_ctx, measure, summarize
 from .reference import gguf_config_disagreements, reference_steps, transformers_model
 from .reference_file import check_against, read_reference, save_reference
 from .results import Result
+from .sources.files import JSON_LIMIT, read_text
 from .sources.hf_folder import open_hf_folder, read_safetensors, read_torch_bin
 from .tokenizer import Tokenizer, load_tokenizer
 from .tracing import Step, trace_steps
@@ -250,6 +252,32 @@ def record_reference(source: str, out: Path, length: int | None = None, seed: in
     save_reference(Path(out), runs, inputs, {"arch": src.arch, "source": str(source),
                                              "transformers": transformers.__version__}, force)
     return Path(out)
+
+
+def perplexity(source: str | Path, text_file: str | Path, ctx: int = 512, against: str | Path | None = None,
+               dtype: str = "float32", revision: str | None = None,
+               on_window: Callable[[int, int], None] = lambda n, total: None) -> Perplexity:
+    """Perplexity of SOURCE on a text file as llama.cpp's llama-perplexity scores it (``perplexity.py``);
+    ``against``: a base model (the same tokenizer) whose next-token distributions this one is compared
+    with: KL divergence, top-1 agreement, Δ perplexity."""
+    text_file = Path(text_file)
+    text = read_text(text_file, JSON_LIMIT)
+    dt = parse_dtype(dtype)
+    src = open_source(source, revision)
+    tok = load_tokenizer(src)
+    ids = tok.encode(text)
+    adds_bos = tok.bos_id is not None and ids[:1] == [tok.bos_id] and tok.encode(text, False)[:1] != [tok.bos_id]
+    check_ctx(ids, ctx, src.config.context_length, text_file)
+    base = None
+    if against is not None:
+        base_src = open_source(against, revision)
+        if base_src.config.vocab_size != src.config.vocab_size or load_tokenizer(base_src).encode(text) != ids:
+            raise GptconvError(f"--against {against}: its tokenizer does not split the text as {source}'s does; "
+                               "the two cannot be compared token by token")
+        check_ctx(ids, ctx, base_src.config.context_length, text_file)
+        base = load_source(base_src, torch.float32)
+    m = measure(load_source(src, dt), ids, ctx, tok.bos_id if adds_bos else None, base, on_window)
+    return summarize(str(source), str(text_file), ctx, m, None if against is None else str(against))
 
 
 def _inputs(src: Source, length: int | None, seed: int) -> dict:

@@ -222,6 +222,33 @@ def export(source: str, fmt: str, dtype: str, output: Path, max_shard_bytes: int
 
 
 @cli.command()
+@source_arg
+@click.argument("text_file", type=click.Path(path_type=Path))
+@click.option("--ctx", default=512, show_default=True, type=click.IntRange(4), help="Window length in tokens.")
+@click.option("--against", default=None, metavar="BASE",
+              help="A base model (same tokenizer): also its perplexity, KL divergence, same top, Δppl.")
+@dtype_opt
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@revision_opt
+def perplexity(source: str, text_file: Path, ctx: int, against: str | None, dtype: str, as_json: bool,
+               revision: str | None) -> None:
+    """Perplexity on TEXT_FILE as llama.cpp's llama-perplexity scores it: windows of --ctx tokens, the
+    second half of each scored."""
+    from tqdm import tqdm
+
+    from ..api import perplexity as perplexity_
+    with tqdm(desc="windows", unit="window", disable=as_json or not sys.stderr.isatty(), file=sys.stderr) as bar:
+        def progress(n: int, total: int) -> None:
+            bar.total = total
+            bar.update(n - bar.n)
+        result = perplexity_(source, text_file, ctx, against, dtype, revision, progress)
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), indent=2, allow_nan=False))
+    else:
+        render.perplexity(result)
+
+
+@cli.command()
 @click.argument("path", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True)
 def inspect(path: Path, as_json: bool) -> None:

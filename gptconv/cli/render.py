@@ -111,3 +111,14 @@ def export_summary(s) -> None:
     for f in s.files:
         click.echo(f"  {f.name:<40} {f.bytes:>14,} bytes  sha256 {f.sha256}")
     click.echo(f"  total {sum(f.bytes for f in s.files):,} bytes")
+
+
+def perplexity(r) -> None:
+    click.echo(f"{r.source} on {r.text}: {r.windows} windows of {r.ctx} tokens, {r.scored:,} tokens scored")
+    click.echo(f"perplexity    {r.perplexity:.4f}   (mean NLL {r.nll_mean:.6f} nats)")
+    a = r.against
+    if a is not None:
+        click.echo(f"base          {a.base}: perplexity {a.base_perplexity:.4f}, Δppl {a.delta_perplexity:+.4f}")
+        click.echo(f"KL(base‖this) mean {a.kl_mean:.6f}  median {a.kl_median:.6f}  p99 {a.kl_p99:.6f}  "
+                   f"max {a.kl_max:.6f}")
+        click.echo(f"same top      {a.same_top:.2%}")
