@@ -23,12 +23,12 @@ from .parity import LLAMA_CPP, Report, compare, kl_per_position
 EXTRA = "pip install 'gptconv[llama-cpp]'"
 
 
-def library() -> Any:
+def library(purpose: str = "llama.cpp as a reference") -> Any:
     """llama-cpp-python's C API, initialised once, its log kept for our error messages."""
     try:
         import llama_cpp
     except ImportError:
-        raise GptconvError(f"llama.cpp as a reference needs llama-cpp-python ({EXTRA})") from None
+        raise GptconvError(f"{purpose} needs llama-cpp-python ({EXTRA})") from None
     global _log_callback
     if _log_callback is None:
         @llama_cpp.llama_log_callback
@@ -122,6 +122,17 @@ class LlamaCpp:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def quantize_file(path: Path, out: Path, ftype: str) -> None:
+    """llama.cpp's own quantizer (the code behind ``llama-quantize``) on a GGUF file: ``ftype`` one of
+    its mixes (``Q4_K_M``, ``Q6_K``, ``Q4_0`` …), which chooses each tensor's type by llama.cpp's rules."""
+    lib = library(f"exporting {ftype.lower()} (llama.cpp's quantizer)")
+    params = lib.llama_model_quantize_default_params()
+    params.ftype = getattr(lib, f"LLAMA_FTYPE_MOSTLY_{ftype}")
+    params.nthread = torch.get_num_threads()
+    if lib.llama_model_quantize(str(path).encode(), str(out).encode(), ctypes.byref(params)) != 0:
+        raise where(path, f"llama.cpp's quantizer cannot make {ftype} of this file ({_last_error()})")
 
 
 def dequantize_file(path: Path, out: Path) -> None:

@@ -207,7 +207,9 @@ def reference(source: str, output: Path, length: int | None, seed: int, dtype: s
 @cli.command()
 @source_arg
 @click.option("--format", "fmt", required=True, type=click.Choice(["safetensors", "gguf"]))
-@click.option("--dtype", default="f32", show_default=True, type=click.Choice(["f32", "f16", "bf16", "q8_0"]))
+@click.option("--dtype", default="f32", show_default=True,
+              help="f32, f16, bf16, q8_0; GGUF also q4_0 q4_1 q5_0 q5_1 q2_k q3_k_s q3_k_m q3_k_l q4_k_s q4_k_m "
+                   "q5_k_s q5_k_m q6_k, made by llama.cpp's own quantizer (gptconv[llama-cpp]) by its rules.")
 @click.option("-o", "--output", required=True, type=click.Path(path_type=Path))
 @click.option("--max-shard-size", "max_shard_bytes", default="5GB", show_default=True, type=ByteSize(),
               help="safetensors shard limit, e.g. 500MB.")

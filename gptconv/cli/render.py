@@ -111,6 +111,8 @@ def export_summary(s) -> None:
     for f in s.files:
         click.echo(f"  {f.name:<40} {f.bytes:>14,} bytes  sha256 {f.sha256}")
     click.echo(f"  total {sum(f.bytes for f in s.files):,} bytes")
+    if s.tensor_types:
+        click.echo("  tensor types: " + ", ".join(f"{n} × {t}" for t, n in sorted(s.tensor_types.items())))
 
 
 def perplexity(r) -> None:

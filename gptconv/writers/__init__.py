@@ -10,6 +10,7 @@ unless ``force``.
 from __future__ import annotations
 
 import contextlib
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from ..output import atomic_output, check_output
 from ..tokenizer import load_tokenizer
 from .gguf_file import write_gguf
 from .hf_folder import write_hf_folder
-from .tensors import EXPORT_DTYPES, ExportedFile, ExportSummary, Narrowing, Weights
+from .tensors import EXPORT_DTYPES, LLAMA_QUANTS, ExportedFile, ExportSummary, Narrowing, Weights
 
 SHARD_BYTES = 5 * 10**9  # transformers' default max_shard_size
 
@@ -33,10 +34,13 @@ def export(source: str | Path, out: str | Path, format: str = "safetensors", dty
     ``max_shard_bytes``) or a GGUF file (``format="gguf"``)."""
     if format not in ("safetensors", "gguf"):
         raise GptconvError(f"--format '{format}': choose safetensors or gguf")
-    if dtype not in EXPORT_DTYPES:
-        raise GptconvError(f"--dtype '{dtype}': choose one of {', '.join(EXPORT_DTYPES)}")
-    if dtype == "q8_0" and format != "gguf":
-        raise GptconvError("--dtype q8_0 exists only in GGUF")
+    if dtype not in EXPORT_DTYPES and dtype not in LLAMA_QUANTS:
+        raise GptconvError(f"--dtype '{dtype}': choose one of {', '.join([*EXPORT_DTYPES, *LLAMA_QUANTS])}")
+    if (dtype == "q8_0" or dtype in LLAMA_QUANTS) and format != "gguf":
+        raise GptconvError(f"--dtype {dtype} exists only in GGUF")
+    if dtype in LLAMA_QUANTS:
+        from ..llamacpp import library
+        library(f"exporting {dtype} (llama.cpp's quantizer)")  # a missing extra fails before any work
     if max_shard_bytes <= 0:
         raise GptconvError(f"max_shard_bytes {max_shard_bytes}: must be positive")
     out = Path(out)
@@ -57,8 +61,32 @@ def export(source: str | Path, out: str | Path, format: str = "safetensors", dty
         else:
             if tokenizer is None:
                 raise where(src.path, "has no tokenizer, which a GGUF file must carry")
-            files = [write_gguf(weights, src, tokenizer, tmp, dtype, narrow, out.name)]
-    return ExportSummary(str(source), out, format, dtype, files)
+            if dtype in LLAMA_QUANTS:
+                files = [_quantized(weights, src, tokenizer, tmp, dtype, narrow, out.name)]
+            else:
+                files = [write_gguf(weights, src, tokenizer, tmp, dtype, narrow, out.name)]
+    types = _tensor_types(out) if format == "gguf" else None
+    return ExportSummary(str(source), out, format, dtype, files, types)
+
+
+def _quantized(weights: Weights, src, tokenizer, tmp: Path, dtype: str, narrow: Narrowing, name: str) -> ExportedFile:
+    """An f32 GGUF first (beside the output, under its temporary name), then llama.cpp's own quantizer
+    from it: each tensor's type follows llama.cpp's rules for that mix (the head at Q6_K, attn_v and
+    ffn_down at more bits in the _M mixes, 1-D tensors F32, rows not a multiple of the block fall back)."""
+    from ..llamacpp import quantize_file
+    from ..output import sha256_file
+    f32 = tmp.with_name(tmp.name + ".f32")
+    try:
+        write_gguf(weights, src, tokenizer, f32, "f32", narrow, name)
+        quantize_file(f32, tmp, LLAMA_QUANTS[dtype])
+    finally:
+        f32.unlink(missing_ok=True)
+    return ExportedFile(name, tmp.stat().st_size, sha256_file(tmp))
+
+
+def _tensor_types(path: Path) -> dict[str, int]:
+    from gguf import GGUFReader
+    return dict(Counter(t.tensor_type.name for t in GGUFReader(path).tensors))
 
 
 @contextlib.contextmanager
@@ -74,4 +102,4 @@ def _threads_but_one() -> Iterator[None]:
 
 
 
-__all__ = ["EXPORT_DTYPES", "ExportSummary", "ExportedFile", "SHARD_BYTES", "export"]
+__all__ = ["EXPORT_DTYPES", "ExportSummary", "ExportedFile", "LLAMA_QUANTS", "SHARD_BYTES", "export"]

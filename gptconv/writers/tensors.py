@@ -18,6 +18,9 @@ from ..results import Result
 
 F16_MAX = 65504.0
 EXPORT_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16, "q8_0": None}
+# GGUF types made by llama.cpp's own quantizer (llama-quantize's mixes) from an f32 GGUF we write first
+LLAMA_QUANTS = {name: name.upper() for name in ("q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k_s", "q3_k_m",
+                                                "q3_k_l", "q4_k_s", "q4_k_m", "q5_k_s", "q5_k_m", "q6_k")}
 
 
 @dataclass
@@ -34,6 +37,7 @@ class ExportSummary(Result):
     format: str
     dtype: str
     files: list[ExportedFile]
+    tensor_types: dict[str, int] | None = None  # GGUF: tensor type → how many tensors have it
 
 
 class Narrowing:

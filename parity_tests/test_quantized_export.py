@@ -1,0 +1,57 @@
+"""GGUF export in llama.cpp's quantized types, made by llama.cpp's own quantizer from the f32 file we
+write: the same file as llama_model_quantize run by hand, loadable here and in llama.cpp."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import gptconv
+import llama_cpp_tools
+from fixtures import make_family
+from gptconv.writers import export
+from helpers import run_cli
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    """Rows of 256 values (K-quants' block), so each mix shows its own types."""
+    root = tmp_path_factory.mktemp("quant")
+    return {name: make_family(root / name, name, hidden_size=256, intermediate_size=512, head_dim=64)
+            for name in ("qwen3", "mixtral")}
+
+
+@pytest.mark.parametrize("name,dtype", [("qwen3", "q4_0"), ("qwen3", "q5_1"), ("qwen3", "q4_k_m"),
+                                        ("qwen3", "q6_k"), ("mixtral", "q3_k_s"), ("mixtral", "q5_k_m")])
+def test_equals_llama_cpps_quantizer_by_hand_and_runs(folders, tmp_path, name, dtype):
+    (tmp_path / "ours").mkdir()
+    (tmp_path / "hand").mkdir()
+    summary = export(str(folders[name]), tmp_path / "ours" / "m.gguf", "gguf", dtype)
+    f32 = export(str(folders[name]), tmp_path / "hand" / "m.f32.gguf", "gguf", "f32").out
+    hand = llama_cpp_tools.quantize(f32, tmp_path / "hand" / "m.gguf", dtype.upper())
+    keys, tensors = llama_cpp_tools.differences(summary.out, hand)
+    assert tensors == [] and set(keys) <= {"general.name"}, (keys, tensors)
+    print(f"\n{name} {dtype}: {summary.tensor_types}")
+    assert sum(summary.tensor_types.values()) == len(gptconv.open_source(summary.out).tensors)
+    assert os.listdir(tmp_path / "ours") == ["m.gguf"]  # the f32 intermediate is gone
+    report = gptconv.verify(str(summary.out), against="llama.cpp")  # dequantized here, as llama.cpp reads it
+    assert report.passed, (report.first_divergent_step, report.notes)
+
+
+def test_without_llama_cpp_it_fails_at_once_in_one_line(folders, tmp_path):
+    hide = tmp_path / "hide" / "llama_cpp"
+    hide.mkdir(parents=True)
+    (hide / "__init__.py").write_text("raise ImportError('hidden for this test')\n")
+    env = {**os.environ, "PYTHONPATH": str(hide.parent)}
+    out = tmp_path / "q.gguf"
+    r = run_cli("export", folders["qwen3"], "--format", "gguf", "--dtype", "q4_k_m", "-o", out, env=env)
+    assert r.returncode == 2 and "gptconv[llama-cpp]" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert os.listdir(tmp_path) == ["hide"]  # nothing written
+    r = run_cli("export", folders["qwen3"], "--format", "gguf", "--dtype", "q8_0", "-o", out, env=env)
+    assert r.returncode == 0, r.stderr  # q8_0 is ours (gguf.quants), as llama.cpp's converter writes it
+
+
+def test_quantized_types_exist_only_in_gguf(folders, tmp_path):
+    r = run_cli("export", folders["qwen3"], "--format", "safetensors", "--dtype", "q4_k_m", "-o", tmp_path / "x")
+    assert r.returncode == 2 and "--dtype q4_k_m exists only in GGUF" in r.stderr
