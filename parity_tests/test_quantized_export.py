@@ -55,3 +55,16 @@ def test_without_llama_cpp_it_fails_at_once_in_one_line(folders, tmp_path):
 def test_quantized_types_exist_only_in_gguf(folders, tmp_path):
     r = run_cli("export", folders["qwen3"], "--format", "safetensors", "--dtype", "q4_k_m", "-o", tmp_path / "x")
     assert r.returncode == 2 and "--dtype q4_k_m exists only in GGUF" in r.stderr
+
+
+def test_the_quality_table_runs(folders):
+    """The README's table comes from this tool; here on a random model, two types."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    text = Path(__file__).parent / "data" / "alice-chapter-1.txt"
+    r = subprocess.run([sys.executable, "-m", "gptconv.bench.quality", str(folders["qwen3"]), str(text), "--ctx", "32",
+                        "--types", "q8_0,q4_k_m"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    rows = [line for line in r.stdout.splitlines() if line.startswith("| q")]
+    assert [row.split("|")[1].strip() for row in rows] == ["q8_0", "q4_k_m"]
