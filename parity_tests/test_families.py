@@ -159,23 +159,14 @@ def test_qwen3_with_q_and_k_norms_swapped_is_far_off(families, tmp_path):
         assert (ours(ids) - hf_model(families["qwen3"])(ids).logits).abs().max() > 100 * FP32.atol
 
 
-@pytest.fixture(scope="module")
-def k_quantable(tmp_path_factory):
-    """The families with rows of 256 values (K-quants' block): llama.cpp quantizes them with K types."""
-    from fixtures import make_family
-    root = tmp_path_factory.mktemp("k")
-    return {name: make_family(root / name, name, hidden_size=256, intermediate_size=512, head_dim=64)
-            for name in FAMILIES}
-
-
 @pytest.mark.parametrize("name", FAMILIES)
-def test_k_quants_from_llama_cpps_quantizer_load_and_match_llama_cpp(k_quantable, tmp_path, name):
+def test_k_quants_from_llama_cpps_quantizer_load_and_match_llama_cpp(wide_families, tmp_path, name):
     """Our f32 export quantized to Q4_K_M by llama.cpp's own quantizer (Mixtral's stacked experts
     included): gptconv dequantizes every tensor as llama.cpp does, and the two agree (within the
     window: llama.cpp attends past it, see test_llama_cpp_ignores_sliding_windows)."""
     import llama_cpp_tools
     from gguf import GGUFReader
-    f32 = export(str(k_quantable[name]), tmp_path / "m.gguf", "gguf", "f32").out
+    f32 = export(str(wide_families[name]), tmp_path / "m.gguf", "gguf", "f32").out
     q = llama_cpp_tools.quantize(f32, tmp_path / "m.q4_k_m.gguf", "Q4_K_M")
     types = {t.tensor_type.name for t in GGUFReader(q).tensors}
     assert {"Q4_K", "Q6_K"} <= types, types

@@ -9,26 +9,17 @@ import pytest
 
 import gptconv
 import llama_cpp_tools
-from fixtures import make_family
 from gptconv.writers import export
 from helpers import run_cli
 
 
-@pytest.fixture(scope="module")
-def folders(tmp_path_factory):
-    """Rows of 256 values (K-quants' block), so each mix shows its own types."""
-    root = tmp_path_factory.mktemp("quant")
-    return {name: make_family(root / name, name, hidden_size=256, intermediate_size=512, head_dim=64)
-            for name in ("qwen3", "mixtral")}
-
-
 @pytest.mark.parametrize("name,dtype", [("qwen3", "q4_0"), ("qwen3", "q5_1"), ("qwen3", "q4_k_m"),
                                         ("qwen3", "q6_k"), ("mixtral", "q3_k_s"), ("mixtral", "q5_k_m")])
-def test_equals_llama_cpps_quantizer_by_hand_and_runs(folders, tmp_path, name, dtype):
+def test_equals_llama_cpps_quantizer_by_hand_and_runs(wide_families, tmp_path, name, dtype):
     (tmp_path / "ours").mkdir()
     (tmp_path / "hand").mkdir()
-    summary = export(str(folders[name]), tmp_path / "ours" / "m.gguf", "gguf", dtype)
-    f32 = export(str(folders[name]), tmp_path / "hand" / "m.f32.gguf", "gguf", "f32").out
+    summary = export(str(wide_families[name]), tmp_path / "ours" / "m.gguf", "gguf", dtype)
+    f32 = export(str(wide_families[name]), tmp_path / "hand" / "m.f32.gguf", "gguf", "f32").out
     hand = llama_cpp_tools.quantize(f32, tmp_path / "hand" / "m.gguf", dtype.upper())
     keys, tensors = llama_cpp_tools.differences(summary.out, hand)
     assert tensors == [] and set(keys) <= {"general.name"}, (keys, tensors)
@@ -39,31 +30,31 @@ def test_equals_llama_cpps_quantizer_by_hand_and_runs(folders, tmp_path, name, d
     assert report.passed, (report.first_divergent_step, report.notes)
 
 
-def test_without_llama_cpp_it_fails_at_once_in_one_line(folders, tmp_path):
+def test_without_llama_cpp_it_fails_at_once_in_one_line(wide_families, tmp_path):
     hide = tmp_path / "hide" / "llama_cpp"
     hide.mkdir(parents=True)
     (hide / "__init__.py").write_text("raise ImportError('hidden for this test')\n")
     env = {**os.environ, "PYTHONPATH": str(hide.parent)}
     out = tmp_path / "q.gguf"
-    r = run_cli("export", folders["qwen3"], "--format", "gguf", "--dtype", "q4_k_m", "-o", out, env=env)
+    r = run_cli("export", wide_families["qwen3"], "--format", "gguf", "--dtype", "q4_k_m", "-o", out, env=env)
     assert r.returncode == 2 and "gptconv[llama-cpp]" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     assert os.listdir(tmp_path) == ["hide"]  # nothing written
-    r = run_cli("export", folders["qwen3"], "--format", "gguf", "--dtype", "q8_0", "-o", out, env=env)
+    r = run_cli("export", wide_families["qwen3"], "--format", "gguf", "--dtype", "q8_0", "-o", out, env=env)
     assert r.returncode == 0, r.stderr  # q8_0 is ours (gguf.quants), as llama.cpp's converter writes it
 
 
-def test_quantized_types_exist_only_in_gguf(folders, tmp_path):
-    r = run_cli("export", folders["qwen3"], "--format", "safetensors", "--dtype", "q4_k_m", "-o", tmp_path / "x")
+def test_quantized_types_exist_only_in_gguf(wide_families, tmp_path):
+    r = run_cli("export", wide_families["qwen3"], "--format", "safetensors", "--dtype", "q4_k_m", "-o", tmp_path / "x")
     assert r.returncode == 2 and "--dtype q4_k_m exists only in GGUF" in r.stderr
 
 
-def test_the_quality_table_runs(folders):
+def test_the_quality_table_runs(wide_families):
     """The README's table comes from this tool; here on a random model, two types."""
     import subprocess
     import sys
     from pathlib import Path
     text = Path(__file__).parent / "data" / "alice-chapter-1.txt"
-    r = subprocess.run([sys.executable, "-m", "gptconv.bench.quality", str(folders["qwen3"]), str(text), "--ctx", "32",
+    r = subprocess.run([sys.executable, "-m", "gptconv.bench.quality", str(wide_families["qwen3"]), str(text), "--ctx", "32",
                         "--types", "q8_0,q4_k_m"], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     rows = [line for line in r.stdout.splitlines() if line.startswith("| q")]

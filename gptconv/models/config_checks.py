@@ -20,3 +20,11 @@ def check_range(cfg: object, names: tuple[str, ...], low: float, high: float, lo
         ok = isinstance(value, (int, float)) and not isinstance(value, bool) and low <= value <= high
         if not ok or (low_open and value == low):
             raise ValueError(f"{name} = {value!r} is outside {'(' if low_open else '['}{low:g}, {high:g}]")
+
+
+def check_rope_heads(cfg: object) -> None:
+    """Grouped-query heads that divide evenly, and a head_dim RoPE can rotate in pairs."""
+    if cfg.n_heads % cfg.n_kv_heads:
+        raise ValueError(f"n_heads = {cfg.n_heads} is not a multiple of n_kv_heads = {cfg.n_kv_heads}")
+    if cfg.head_dim % 2:
+        raise ValueError(f"head_dim = {cfg.head_dim} is odd: RoPE rotates pairs")

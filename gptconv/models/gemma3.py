@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from ..errors import GptconvError
 from .attention import causal_attention
-from .config_checks import check_range, check_sizes
+from .config_checks import check_range, check_rope_heads, check_sizes
 from .kv_cache import KVCache
 from .linear import Linear, linear
 from .rope import RopeScaling, rope, rope_angles, rope_frequencies
@@ -65,10 +65,7 @@ class Gemma3Config:
         check_range(self, ("query_pre_attn_scalar",), 0.0, 1e9, low_open=True)
         if self.final_logit_softcapping is not None:
             check_range(self, ("final_logit_softcapping",), 0.0, 1e9, low_open=True)
-        if self.n_heads % self.n_kv_heads:
-            raise ValueError(f"n_heads = {self.n_heads} is not a multiple of n_kv_heads = {self.n_kv_heads}")
-        if self.head_dim % 2:
-            raise ValueError(f"head_dim = {self.head_dim} is odd: RoPE rotates pairs")
+        check_rope_heads(self)
         types = tuple(self.layer_types) or default_layer_types(self.n_layers)
         if len(types) != self.n_layers or any(t not in (SLIDING, FULL) for t in types):
             raise ValueError(f"layer_types must give '{SLIDING}' or '{FULL}' for each of the {self.n_layers} layers")

@@ -19,7 +19,7 @@ from .attention import causal_attention
 from .kv_cache import KVCache
 from .linear import Linear, linear
 from .rope import RopeScaling, rope, rope_angles, rope_frequencies
-from .config_checks import check_range, check_sizes
+from .config_checks import check_range, check_rope_heads, check_sizes
 from .tap import Tap, no_tap
 
 
@@ -60,10 +60,7 @@ class LlamaConfig:
                            "head_dim": 4096})
         check_range(self, ("norm_eps",), 0.0, 1.0, low_open=True)
         check_range(self, ("rope_theta",), 0.0, 1e12, low_open=True)
-        if self.n_heads % self.n_kv_heads:
-            raise ValueError(f"n_heads = {self.n_heads} is not a multiple of n_kv_heads = {self.n_kv_heads}")
-        if self.head_dim % 2:
-            raise ValueError(f"head_dim = {self.head_dim} is odd: RoPE rotates pairs")
+        check_rope_heads(self)
         if self.sliding_window is not None:
             check_sizes(self, {"sliding_window": 1 << 24})
         if self.n_experts or self.n_experts_used:
