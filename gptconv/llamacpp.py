@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import ctypes
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -127,24 +129,34 @@ class LlamaCpp:
 def quantize_file(path: Path, out: Path, ftype: str) -> None:
     """llama.cpp's own quantizer (the code behind ``llama-quantize``) on a GGUF file: ``ftype`` one of
     its mixes (``Q4_K_M``, ``Q6_K``, ``Q4_0`` …), which chooses each tensor's type by llama.cpp's rules."""
-    lib = library(f"exporting {ftype.lower()} (llama.cpp's quantizer)")
-    params = lib.llama_model_quantize_default_params()
-    params.ftype = getattr(lib, f"LLAMA_FTYPE_MOSTLY_{ftype}")
-    params.nthread = torch.get_num_threads()
-    if lib.llama_model_quantize(str(path).encode(), str(out).encode(), ctypes.byref(params)) != 0:
-        raise where(path, f"llama.cpp's quantizer cannot make {ftype} of this file ({_last_error()})")
+    library(f"exporting {ftype.lower()} (llama.cpp's quantizer)")
+    run_quantizer(path, out, f"MOSTLY_{ftype}", f"llama.cpp's quantizer cannot make {ftype} of this file")
 
 
 def dequantize_file(path: Path, out: Path) -> None:
     """llama.cpp's own quantizer (the code behind ``llama-quantize``) writing ``path`` with every
     weight in F32: the file's weights as llama.cpp itself dequantizes them."""
-    lib = library()
-    params = lib.llama_model_quantize_default_params()
-    params.ftype = lib.LLAMA_FTYPE_ALL_F32
-    params.allow_requantize = True
-    params.nthread = torch.get_num_threads()
-    if lib.llama_model_quantize(str(path).encode(), str(out).encode(), ctypes.byref(params)) != 0:
-        raise where(path, f"llama.cpp's quantizer cannot rewrite this file in F32 ({_last_error()})")
+    library()
+    run_quantizer(path, out, "ALL_F32", "llama.cpp's quantizer cannot rewrite this file in F32")
+
+
+def run_quantizer(path: Path, out: Path, ftype: str, failure: str) -> None:
+    """``quantizer_child.py`` in a child process, waited for in this one, where Ctrl-C and SIGTERM
+    still act at once: the child is killed and the caller's cleanup runs (a quantizer called here, in
+    C, would hold them off until it returned)."""
+    child = Path(__file__).with_name("quantizer_child.py")
+    proc = subprocess.Popen([sys.executable, str(child), str(path), str(out), ftype, str(torch.get_num_threads())],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, errors="replace")
+    try:
+        _, err = proc.communicate()
+    finally:
+        if proc.poll() is None:  # interrupted: stop it now, before the caller removes its files
+            proc.kill()
+            proc.wait()
+    if proc.returncode != 0:
+        lines = [line.strip() for line in err.splitlines() if line.strip()]
+        raise where(path, f"{failure} ({lines[-1] if lines else f'the quantizer exited {proc.returncode}'})")
 
 
 def verify_gguf(src: Any, model: nn.Module, inputs: dict[str, torch.Tensor]) -> Report:

@@ -4,6 +4,11 @@ write: the same file as llama_model_quantize run by hand, loadable here and in l
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -13,9 +18,12 @@ from gptconv.writers import export
 from helpers import run_cli
 
 
-@pytest.mark.parametrize("name,dtype", [("qwen3", "q4_0"), ("qwen3", "q5_1"), ("qwen3", "q4_k_m"),
+@pytest.mark.parametrize("name,dtype", [("qwen3", "q4_0"), ("phi3", "q4_1"), ("mistral-swa", "q5_0"),
+                                        ("qwen3", "q5_1"), ("mixtral", "q8_0"), ("qwen3", "q4_k_m"),
                                         ("qwen3", "q6_k"), ("mixtral", "q3_k_s"), ("mixtral", "q5_k_m")])
 def test_equals_llama_cpps_quantizer_by_hand_and_runs(wide_families, tmp_path, name, dtype):
+    """q8_0 is ours (gguf.quants, streamed), the rest llama.cpp's quantizer run on our f32 file: either way
+    the file is byte for byte what llama-quantize makes of that f32 file."""
     (tmp_path / "ours").mkdir()
     (tmp_path / "hand").mkdir()
     summary = export(str(wide_families[name]), tmp_path / "ours" / "m.gguf", "gguf", dtype)
@@ -59,3 +67,32 @@ def test_the_quality_table_runs(wide_families):
     assert r.returncode == 0, r.stderr
     rows = [line for line in r.stdout.splitlines() if line.startswith("| q")]
     assert [row.split("|")[1].strip() for row in rows] == ["q8_0", "q4_k_m"]
+
+
+@pytest.mark.parametrize("sig,code,said", [(signal.SIGTERM, 143, "terminated"), (signal.SIGINT, 130, "interrupted")])
+def test_a_signal_while_llama_cpps_quantizer_runs_stops_it_and_cleans_up(wide_families, tmp_path, sig, code, said):
+    """The quantizer runs in a child; caught there (and stopped, so that it cannot finish first), the
+    export ends at once: exit 128 + signal, one line, the child gone, the f32 intermediate and the
+    partial output removed, the old output kept."""
+    out = tmp_path / "m.gguf"
+    out.write_bytes(b"old")
+    p = subprocess.Popen([sys.executable, "-m", "gptconv", "export", str(wide_families["mixtral"]), "--format", "gguf",
+                          "--dtype", "q4_k_m", "-o", str(out), "--force"],
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    children = Path(f"/proc/{p.pid}/task/{p.pid}/children")
+    deadline = time.monotonic() + 120
+    kids: list[str] = []
+    while time.monotonic() < deadline and p.poll() is None and not kids:
+        kids = children.read_text().split() if children.exists() else []
+        time.sleep(0.001)
+    assert kids, "the export ended before its quantizer could be caught"
+    child = int(kids[0])
+    os.kill(child, signal.SIGSTOP)
+    assert "quantizer_child.py" in Path(f"/proc/{child}/cmdline").read_text()
+    assert any(name.endswith(".f32") for name in os.listdir(tmp_path))  # the intermediate, under the temporary name
+    p.send_signal(sig)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == code, (p.returncode, err)
+    assert err.strip().splitlines() == [f"gptconv: error: {said}"], err
+    assert not Path(f"/proc/{child}").exists()  # killed and reaped
+    assert os.listdir(tmp_path) == ["m.gguf"] and out.read_bytes() == b"old"

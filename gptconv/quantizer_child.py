@@ -1,0 +1,36 @@
+"""llama.cpp's quantizer (``llama_model_quantize``, the code behind ``llama-quantize``) in a process of
+its own: ``python quantizer_child.py IN OUT FTYPE NTHREAD``, run by path so that it imports only
+llama_cpp. Python runs signal handlers only between bytecodes, so a quantizer called in the exporting
+process would hold off Ctrl-C and SIGTERM for the minutes a large model takes; as a child it is
+killed at once and the export cleans up (``llamacpp.run_quantizer``).
+
+Exit 0 when the file is written; otherwise non-zero with llama.cpp's last warning or error on stderr.
+"""
+
+import ctypes
+import sys
+
+
+def main(path: str, out: str, ftype: str, nthread: str) -> int:
+    import llama_cpp as lib
+    said: list[str] = []
+
+    @lib.llama_log_callback
+    def keep(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
+        if level in (2, 3):  # warnings and errors: the last one explains a failure
+            said.append(text.decode("utf-8", "replace").strip())
+
+    lib.llama_log_set(keep, ctypes.c_void_p(0))
+    lib.llama_backend_init()
+    params = lib.llama_model_quantize_default_params()
+    params.ftype = getattr(lib, f"LLAMA_FTYPE_{ftype}")
+    params.allow_requantize = ftype == "ALL_F32"  # F32 from a quantized file: dequantizing
+    params.nthread = int(nthread)
+    if lib.llama_model_quantize(path.encode(), out.encode(), ctypes.byref(params)) != 0:
+        print(next((line for line in reversed(said) if line), "no message"), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:]))
