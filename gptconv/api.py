@@ -18,7 +18,7 @@ from .errors import GptconvError, NoTokenizer, where
 from .loader import Source, load_source, open_source, parse_dtype
 from .output import check_output
 from .parity import Report, compare, parity_inputs
-from .perplexity import Perplexity, check_ctx, measure, summarize
+from .perplexity import Perplexity, check_windows, measure, summarize
 from .reference import gguf_config_disagreements, reference_steps, transformers_model
 from .reference_file import check_against, read_reference, save_reference
 from .results import Result
@@ -26,7 +26,7 @@ from .sources.files import JSON_LIMIT, read_text
 from .sources.hf_folder import open_hf_folder, read_safetensors, read_torch_bin
 from .tokenizer import Tokenizer, load_tokenizer
 from .tracing import Step, trace_steps
-from .writers import ExportSummary, export
+from .writers import SHARD_BYTES, ExportSummary, export as write
 
 
 @dataclass
@@ -254,30 +254,90 @@ def record_reference(source: str, out: Path, length: int | None = None, seed: in
     return Path(out)
 
 
+ENGINES = ("gptconv", "llama.cpp")
+
+
+def export(source: str | Path, out: str | Path, format: str = "safetensors", dtype: str = "f32",
+           max_shard_bytes: int = SHARD_BYTES, force: bool = False, clamp: bool = False,
+           revision: str | None = None, check: str | Path | None = None, check_ctx: int | None = None,
+           check_in: str = "gptconv",
+           on_window: Callable[[int, int], None] = lambda n, total: None) -> ExportSummary:
+    """Write ``source`` as an HF folder (``format="safetensors"``, shards of at most
+    ``max_shard_bytes``) or a GGUF file (``format="gguf"``); see ``writers``. With ``check``, a text
+    file: then the written model's perplexity on it against ``source`` (the ``perplexity`` report),
+    the written file run by ``check_in`` — gptconv (dequantized) or llama.cpp (a GGUF as stored)."""
+    if check is not None:  # what the check needs is checked before the export, not after it
+        if check_in not in ENGINES:
+            raise GptconvError(f"--against {check_in}: choose {' or '.join(ENGINES)}")
+        if check_in == "llama.cpp":
+            from .llamacpp import library
+            library("--against llama.cpp")
+            if format != "gguf":
+                raise GptconvError("--against llama.cpp runs a GGUF file: export with --format gguf")
+        src = open_source(source, revision)
+        limit = src.config.context_length
+        check_ctx = check_ctx or min(512, limit - limit % 2)
+        check_windows(load_tokenizer(src).encode(read_text(Path(check), JSON_LIMIT)), check_ctx, limit, check, "--check-ctx")
+    summary = write(source, out, format, dtype, max_shard_bytes, force, clamp, revision)
+    if check is not None:
+        summary.check = perplexity(summary.out, check, check_ctx, source, revision=revision, on_window=on_window,
+                                   engine=check_in)
+    return summary
+
+
+
+
 def perplexity(source: str | Path, text_file: str | Path, ctx: int = 512, against: str | Path | None = None,
                dtype: str = "float32", revision: str | None = None,
-               on_window: Callable[[int, int], None] = lambda n, total: None) -> Perplexity:
+               on_window: Callable[[int, int], None] = lambda n, total: None, engine: str = "gptconv") -> Perplexity:
     """Perplexity of SOURCE on a text file as llama.cpp's llama-perplexity scores it (``perplexity.py``);
-    ``against``: a base model (the same tokenizer) whose next-token distributions this one is compared
-    with: KL divergence, top-1 agreement, Δ perplexity."""
+    ``against``: a base model (the same tokenizer, run here in float32) whose next-token distributions
+    this one is compared with: KL divergence, top-1 agreement, Δ perplexity. ``engine="llama.cpp"``
+    runs SOURCE, a GGUF file, in llama.cpp as stored (its quantized kernels, its tokenizer)."""
+    if engine not in ENGINES:
+        raise GptconvError(f"--in {engine}: choose {' or '.join(ENGINES)}")
     text_file = Path(text_file)
     text = read_text(text_file, JSON_LIMIT)
-    dt = parse_dtype(dtype)
     src = open_source(source, revision)
-    tok = load_tokenizer(src)
-    ids = tok.encode(text)
-    adds_bos = tok.bos_id is not None and ids[:1] == [tok.bos_id] and tok.encode(text, False)[:1] != [tok.bos_id]
-    check_ctx(ids, ctx, src.config.context_length, text_file)
-    base = None
-    if against is not None:
-        base_src = open_source(against, revision)
-        if base_src.config.vocab_size != src.config.vocab_size or load_tokenizer(base_src).encode(text) != ids:
-            raise GptconvError(f"--against {against}: its tokenizer does not split the text as {source}'s does; "
-                               "the two cannot be compared token by token")
-        check_ctx(ids, ctx, base_src.config.context_length, text_file)
-        base = load_source(base_src, torch.float32)
-    m = measure(load_source(src, dt), ids, ctx, tok.bos_id if adds_bos else None, base, on_window)
-    return summarize(str(source), str(text_file), ctx, m, None if against is None else str(against))
+    if engine == "gptconv":
+        tok = load_tokenizer(src)
+        ids = tok.encode(text)
+        adds_bos = tok.bos_id is not None and ids[:1] == [tok.bos_id] and tok.encode(text, False)[:1] != [tok.bos_id]
+        check_windows(ids, ctx, src.config.context_length, text_file)
+        base = _perplexity_base(against, revision, text, ids, src.config.vocab_size, ctx, text_file)
+        m = measure(load_source(src, parse_dtype(dtype)), ids, ctx, tok.bos_id if adds_bos else None, base, on_window)
+        return summarize(str(source), str(text_file), ctx, m, None if against is None else str(against),
+                         f"gptconv, {parse_dtype(dtype)}".replace("torch.", ""))
+    from .llamacpp import LlamaCpp, library, version
+    library("--in llama.cpp")
+    if src.format != "gguf":
+        raise where(src.path, "--in llama.cpp runs a GGUF file (export one with `gptconv export --format gguf`)")
+    if dtype != "float32":
+        raise GptconvError(f"--dtype {dtype}: llama.cpp runs the file as stored")
+    with LlamaCpp(src.path, ctx) as llm:
+        ids = llm.tokenize(text)
+        check_windows(ids, ctx, src.config.context_length, text_file)
+        base = _perplexity_base(against, revision, text, ids, src.config.vocab_size, ctx, text_file)
+
+        def run(window: torch.Tensor) -> torch.Tensor:
+            return torch.from_numpy(llm.logits(window[0].tolist()))[None]
+        m = measure(run, ids, ctx, llm.bos_replacing_first, base, on_window)
+    types = ", ".join(sorted(set(src.stored_types.values())))
+    return summarize(str(source), str(text_file), ctx, m, None if against is None else str(against),
+                     f"llama.cpp (llama-cpp-python {version()}), the file as stored ({types}), F32 KV cache")
+
+
+def _perplexity_base(against: str | Path | None, revision: str | None, text: str, ids: list[int], vocab_size: int,
+                     ctx: int, text_file: Path) -> torch.nn.Module | None:
+    """The base model of a comparison, in float32, when its tokenizer splits the text into the same ids."""
+    if against is None:
+        return None
+    base_src = open_source(against, revision)
+    if base_src.config.vocab_size != vocab_size or load_tokenizer(base_src).encode(text) != ids:
+        raise GptconvError(f"--against {against}: its tokenizer does not split the text into the same tokens; "
+                           "the two cannot be compared token by token")
+    check_windows(ids, ctx, base_src.config.context_length, text_file)
+    return load_source(base_src, torch.float32)
 
 
 def _inputs(src: Source, length: int | None, seed: int) -> dict:

@@ -48,6 +48,11 @@ _log: list[str] = []
 _log_callback = None
 
 
+def version() -> str:
+    import importlib.metadata
+    return importlib.metadata.version("llama-cpp-python")
+
+
 def _last_error() -> str:
     return next((line for line in reversed(_log) if line), "no message")
 
@@ -80,6 +85,11 @@ class LlamaCpp:
                 self.close()
                 raise where(self.path, f"llama.cpp cannot make a context for this file ({_last_error()})")
             self.n_ctx = n_ctx
+
+    @property
+    def bos_replacing_first(self) -> int | None:
+        """The BOS id when this vocabulary adds one (llama-perplexity puts it first in each window)."""
+        return self.lib.llama_vocab_bos(self.vocab) if self.lib.llama_vocab_get_add_bos(self.vocab) else None
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
         """Token ids as llama.cpp makes them, special tokens written in ``text`` parsed."""
@@ -167,9 +177,7 @@ def verify_gguf(src: Any, model: nn.Module, inputs: dict[str, torch.Tensor]) -> 
     quantized kernels also round the activations (to 8 bits for Q4/Q8 weights, to F16 for F16), and
     the file as stored is reported beside, not judged.
     """
-    import importlib.metadata
     library()
-    version = importlib.metadata.version("llama-cpp-python")
     if src.format != "gguf":
         raise where(src.path, "verify --against llama.cpp needs a GGUF file (export one with "
                               "`gptconv export --format gguf`)")
@@ -193,7 +201,7 @@ def verify_gguf(src: Any, model: nn.Module, inputs: dict[str, torch.Tensor]) -> 
             def logits(name: str, ids: torch.Tensor) -> dict[str, torch.Tensor]:
                 return {"logits": torch.from_numpy(llm.logits(ids[0].tolist()))[None]}  # llama.cpp gives no other step
             report = compare(model, inputs, logits, str(src.name),
-                             f"llama.cpp (llama-cpp-python {version}, {weights}, F32 KV cache)",
+                             f"llama.cpp (llama-cpp-python {version()}, {weights}, F32 KV cache)",
                              tolerance=LLAMA_CPP[src.arch])
     _check_tokenizer(src, report)
     if not stored_f32:

@@ -21,6 +21,8 @@ import torch.nn.functional as F
 from .errors import GptconvError
 from .results import Result
 
+Model = nn.Module | Callable[[torch.Tensor], torch.Tensor]  # ids (1, T) → logits (1, T, V): ours, or llama.cpp
+
 
 @dataclass
 class Agreement(Result):
@@ -47,6 +49,7 @@ class Perplexity(Result):
     scored: int  # tokens scored: windows × (ctx/2 − 1)
     perplexity: float
     nll_mean: float  # nats per scored token
+    engine: str  # what ran the model: gptconv and its dtype, or llama.cpp on the file as stored
     against: Agreement | None = None
 
 
@@ -60,24 +63,24 @@ def windows(ids: list[int], ctx: int, bos_id: int | None) -> Iterator[tuple[torc
         yield window, torch.tensor(ids[start + ctx // 2 + 1:start + ctx])  # the tokens scored
 
 
-def check_ctx(ids: list[int], ctx: int, context_length: int, origin: object) -> None:
+def check_windows(ids: list[int], ctx: int, context_length: int, origin: object, flag: str = "--ctx") -> None:
     if ctx < 4 or ctx % 2:
-        raise GptconvError(f"--ctx {ctx}: use an even window of at least 4 tokens")
+        raise GptconvError(f"{flag} {ctx}: use an even window of at least 4 tokens")
     if ctx > context_length:
-        raise GptconvError(f"--ctx {ctx}: the model has {context_length} positions")
+        raise GptconvError(f"{flag} {ctx}: the model has {context_length} positions")
     if len(ids) < ctx:
         raise GptconvError(f"{origin}: {len(ids)} tokens, fewer than one window of {ctx}")
 
 
 @torch.no_grad()
-def log_probs(model: nn.Module, window: torch.Tensor) -> torch.Tensor:
+def log_probs(model: Model, window: torch.Tensor) -> torch.Tensor:
     """(ctx/2 − 1, V) float32 log-probabilities of the positions a window scores."""
     ctx = window.size(1)
     logits = model(window)[0, ctx // 2:ctx - 1]                # (ctx/2 − 1, V)
     return F.log_softmax(logits.float(), dim=-1)
 
 
-def measure(model: nn.Module, ids: list[int], ctx: int, bos_id: int | None, base: nn.Module | None = None,
+def measure(model: Model, ids: list[int], ctx: int, bos_id: int | None, base: Model | None = None,
             on_window: Callable[[int, int], None] = lambda n, total: None) -> dict:
     """Negative log-likelihoods (and, with ``base``, the base's, KL and top-1 agreement) over the windows."""
     total = len(ids) // ctx
@@ -97,9 +100,9 @@ def measure(model: nn.Module, ids: list[int], ctx: int, bos_id: int | None, base
     return out
 
 
-def summarize(source: str, text: str, ctx: int, m: dict, base: str | None = None) -> Perplexity:
+def summarize(source: str, text: str, ctx: int, m: dict, base: str | None, engine: str) -> Perplexity:
     nll = m["nll"].mean().item()
-    result = Perplexity(source, text, ctx, m["windows"], m["nll"].numel(), math.exp(nll), nll)
+    result = Perplexity(source, text, ctx, m["windows"], m["nll"].numel(), math.exp(nll), nll, engine)
     if base is not None:
         kl = m["kl"]
         base_ppl = math.exp(m["base_nll"].mean().item())

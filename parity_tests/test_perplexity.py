@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -101,6 +102,49 @@ def test_text_shorter_than_a_window_and_another_tokenizer_are_refused(llamas, ck
     r = run_cli("perplexity", llamas["tied"], short, "--ctx", "32")
     assert r.returncode == 2 and "fewer than one window of 32" in r.stderr
     r = run_cli("perplexity", llamas["tied"], TEXT, "--ctx", "32", "--against", ckpts["tiny"])
-    assert r.returncode == 2 and "does not split the text as" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert r.returncode == 2 and "does not split the text into the same tokens" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     r = run_cli("perplexity", llamas["tied"], tmp_path / "none.txt")
     assert r.returncode == 2 and "no such file" in r.stderr
+
+
+@pytest.mark.parametrize("name", ["llama2-spm", "smollm2"])  # adds BOS to each window; real weights
+def test_in_llama_cpp_agrees_with_ours_on_an_f32_file(request, converter_fixtures, tmp_path, name):
+    """--in llama.cpp: llama.cpp tokenizes and runs the file; on F32 weights its perplexity is ours."""
+    source = request.getfixturevalue("smollm2") if name == "smollm2" else converter_fixtures[name]
+    f32 = export(str(source), tmp_path / "m.gguf", "gguf", "f32").out
+    ours = gptconv.perplexity(f32, TEXT, ctx=128)
+    theirs = gptconv.perplexity(f32, TEXT, ctx=128, engine="llama.cpp")
+    print(f"\n{name} f32: perplexity {ours.perplexity:.6f}, in llama.cpp {theirs.perplexity:.6f}")
+    assert theirs.engine.startswith("llama.cpp (llama-cpp-python") and "(F32)" in theirs.engine
+    assert (theirs.windows, theirs.scored) == (ours.windows, ours.scored)
+    assert abs(ours.perplexity - theirs.perplexity) <= 1e-4 * ours.perplexity
+
+
+def test_export_check_reports_the_file_just_written(wide_families, tmp_path):
+    """export --check: the perplexity report of the written file against its source, run by gptconv
+    (dequantized) or by llama.cpp (as stored), the same figures `perplexity OUT --against SOURCE` gives."""
+    source = wide_families["qwen3"]
+    for engine in ("gptconv", "llama.cpp"):
+        out = tmp_path / f"{engine}.gguf"
+        r = run_cli("export", source, "--format", "gguf", "--dtype", "q4_k_m", "-o", out, "--check", TEXT,
+                    "--against", engine, "--json")
+        assert r.returncode == 0 and r.stderr == "", r.stderr
+        check = json.loads(r.stdout)["check"]
+        again = gptconv.perplexity(out, TEXT, ctx=96, against=source, engine=engine).to_dict()
+        assert check == {**again, "source": str(out), "against": {**again["against"], "base": str(source)}}
+        assert check["ctx"] == 96 and 0 < check["against"]["kl_mean"] and check["against"]["same_top"] < 1
+        assert check["engine"].startswith(engine)
+    r = run_cli("export", source, "--format", "gguf", "--dtype", "q8_0", "-o", tmp_path / "t.gguf", "--check", TEXT)
+    assert r.returncode == 0 and "KL(base‖this)" in r.stdout and "run by        gptconv, float32" in r.stdout
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--check", "none.txt"], "none.txt: no such file"),
+    (["--check", TEXT, "--check-ctx", "4096"], "--check-ctx 4096: the model has 96 positions"),
+    (["--check", TEXT, "--against", "llama.cpp", "--format", "safetensors"], "--against llama.cpp runs a GGUF file"),
+])
+def test_export_check_refuses_before_writing_anything(wide_families, tmp_path, args, message):
+    args = [*args, "--format", "gguf"] if "--format" not in args else args
+    r = run_cli("export", wide_families["qwen3"], "-o", tmp_path / "out", *args)
+    assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert os.listdir(tmp_path) == []

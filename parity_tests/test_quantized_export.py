@@ -33,6 +33,15 @@ def test_equals_llama_cpps_quantizer_by_hand_and_runs(wide_families, tmp_path, n
     assert tensors == [] and set(keys) <= {"general.name"}, (keys, tensors)
     print(f"\n{name} {dtype}: {summary.tensor_types}")
     assert sum(summary.tensor_types.values()) == len(gptconv.open_source(summary.out).tensors)
+    why = {c.tensor: (c.type, c.why) for c in summary.tensor_choices}
+    assert len(why) == len(summary.tensor_choices) == sum(summary.tensor_types.values())
+    assert why["blk.0.attn_norm.weight"] == ("F32", "1-D (a norm or bias): kept F32")
+    if name == "mixtral":
+        assert why["blk.0.ffn_gate_inp.weight"] == ("F32", "llama.cpp keeps it unquantized (a router or learned positions)")
+    if dtype == "q4_k_m":  # every row is 256 wide: the head and some attn_v get more bits (layer 1 of 2 here)
+        assert why["blk.0.attn_q.weight"] == ("Q4_K", "q4_k_m's type")
+        assert why["output.weight" if "output.weight" in why else "token_embd.weight"][1].endswith("more bits")
+        assert why["blk.1.attn_v.weight"] == ("Q6_K", "llama.cpp's rule for attn_v in q4_k_m: more bits")
     assert os.listdir(tmp_path / "ours") == ["m.gguf"]  # the f32 intermediate is gone
     report = gptconv.verify(str(summary.out), against="llama.cpp")  # dequantized here, as llama.cpp reads it
     assert report.passed, (report.first_divergent_step, report.notes)

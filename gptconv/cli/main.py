@@ -7,11 +7,13 @@ Exit status: 0 success; 1 a parity check failed; 2 bad input or usage (one line 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import os
 import sys
 import traceback
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import click
@@ -215,12 +217,27 @@ def reference(source: str, output: Path, length: int | None, seed: int, dtype: s
               help="safetensors shard limit, e.g. 500MB.")
 @click.option("--force", is_flag=True, help="Replace an existing output.")
 @click.option("--clamp", is_flag=True, help="Clip values beyond the float16 range instead of refusing.")
+@click.option("--check", "check_text", default=None, type=click.Path(path_type=Path), metavar="TEXT_FILE",
+              help="Then measure what the export cost on TEXT_FILE: the written model against SOURCE "
+                   "(perplexity, Δppl, KL divergence, same top), as `gptconv perplexity OUT TEXT_FILE --against SOURCE`.")
+@click.option("--check-ctx", default=None, type=click.IntRange(4), help="--check's window; 512 or the model's context.")
+@click.option("--against", "engine", default="gptconv", show_default=True, type=click.Choice(["gptconv", "llama.cpp"]),
+              help="What runs the written file for --check: gptconv (dequantized) or llama.cpp (a GGUF as stored).")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @revision_opt
 def export(source: str, fmt: str, dtype: str, output: Path, max_shard_bytes: int, force: bool, clamp: bool,
-           revision: str | None) -> None:
+           check_text: Path | None, check_ctx: int | None, engine: str, as_json: bool, revision: str | None) -> None:
     """Write SOURCE as an HF-layout safetensors folder or a GGUF file llama.cpp runs."""
-    from ..writers import export as export_
-    render.export_summary(export_(source, output, fmt, dtype, max_shard_bytes, force, clamp, revision))
+    from ..api import export as export_
+    with window_progress(as_json) as progress:
+        summary = export_(source, output, fmt, dtype, max_shard_bytes, force, clamp, revision,
+                          check=check_text, check_ctx=check_ctx, check_in=engine, on_window=progress)
+    if as_json:
+        click.echo(json.dumps(summary.to_dict(), indent=2, default=str, allow_nan=False))
+    else:
+        render.export_summary(summary)
+        if summary.check is not None:
+            render.perplexity(summary.check)
 
 
 @cli.command()
@@ -229,25 +246,34 @@ def export(source: str, fmt: str, dtype: str, output: Path, max_shard_bytes: int
 @click.option("--ctx", default=512, show_default=True, type=click.IntRange(4), help="Window length in tokens.")
 @click.option("--against", default=None, metavar="BASE",
               help="A base model (same tokenizer): also its perplexity, KL divergence, same top, Δppl.")
+@click.option("--in", "engine", default="gptconv", show_default=True, type=click.Choice(["gptconv", "llama.cpp"]),
+              help="What runs SOURCE: gptconv (dequantized weights, --dtype), or llama.cpp (a GGUF file as "
+                   "stored, its kernels and tokenizer; gptconv[llama-cpp]).")
 @dtype_opt
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @revision_opt
-def perplexity(source: str, text_file: Path, ctx: int, against: str | None, dtype: str, as_json: bool,
+def perplexity(source: str, text_file: Path, ctx: int, against: str | None, engine: str, dtype: str, as_json: bool,
                revision: str | None) -> None:
     """Perplexity on TEXT_FILE as llama.cpp's llama-perplexity scores it: windows of --ctx tokens, the
     second half of each scored."""
-    from tqdm import tqdm
-
     from ..api import perplexity as perplexity_
-    with tqdm(desc="windows", unit="window", disable=as_json or not sys.stderr.isatty(), file=sys.stderr) as bar:
-        def progress(n: int, total: int) -> None:
-            bar.total = total
-            bar.update(n - bar.n)
-        result = perplexity_(source, text_file, ctx, against, dtype, revision, progress)
+    with window_progress(as_json) as progress:
+        result = perplexity_(source, text_file, ctx, against, dtype, revision, progress, engine)
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2, allow_nan=False))
     else:
         render.perplexity(result)
+
+
+@contextlib.contextmanager
+def window_progress(quiet: bool) -> Iterator[Callable[[int, int], None]]:
+    """A progress bar of perplexity windows, on a terminal only (never in --json)."""
+    from tqdm import tqdm
+    with tqdm(desc="windows", unit="window", disable=quiet or not sys.stderr.isatty(), file=sys.stderr) as bar:
+        def progress(n: int, total: int) -> None:
+            bar.total = total
+            bar.update(n - bar.n)
+        yield progress
 
 
 @cli.command()

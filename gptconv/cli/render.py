@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import click
 
 from ..tracing import explain
@@ -111,12 +113,20 @@ def export_summary(s) -> None:
     for f in s.files:
         click.echo(f"  {f.name:<40} {f.bytes:>14,} bytes  sha256 {f.sha256}")
     click.echo(f"  total {sum(f.bytes for f in s.files):,} bytes")
-    if s.tensor_types:
-        click.echo("  tensor types: " + ", ".join(f"{n} × {t}" for t, n in sorted(s.tensor_types.items())))
+    if s.tensor_choices:
+        click.echo("  tensor types, and why:")
+        groups: dict[tuple[str, str], list[str]] = {}
+        for c in s.tensor_choices:  # blk.0.attn_v … blk.29.attn_v → blk.*.attn_v
+            groups.setdefault((c.type, c.why), []).append(re.sub(r"^blk\.\d+\.", "blk.*.", c.tensor).removesuffix(".weight"))
+        for (kind, why), names in sorted(groups.items(), key=lambda g: (-len(g[1]), g[0])):
+            kinds = list(dict.fromkeys(names))
+            shown = ", ".join(kinds[:4]) + (f", … ({len(kinds) - 4} more)" if len(kinds) > 4 else "")
+            click.echo(f"    {kind:<5} × {len(names):<4} {shown} — {why}")
 
 
 def perplexity(r) -> None:
     click.echo(f"{r.source} on {r.text}: {r.windows} windows of {r.ctx} tokens, {r.scored:,} tokens scored")
+    click.echo(f"run by        {r.engine}")
     click.echo(f"perplexity    {r.perplexity:.4f}   (mean NLL {r.nll_mean:.6f} nats)")
     a = r.against
     if a is not None:

@@ -20,9 +20,9 @@ from ..errors import GptconvError, NoTokenizer, where
 from ..loader import open_source
 from ..output import atomic_output, check_output
 from ..tokenizer import load_tokenizer
-from .gguf_file import write_gguf
+from .gguf_file import type_choices, write_gguf
 from .hf_folder import write_hf_folder
-from .tensors import EXPORT_DTYPES, LLAMA_QUANTS, ExportedFile, ExportSummary, Narrowing, Weights
+from .tensors import EXPORT_DTYPES, LLAMA_QUANTS, ExportedFile, ExportSummary, Narrowing, TensorChoice, Weights
 
 SHARD_BYTES = 5 * 10**9  # transformers' default max_shard_size
 
@@ -65,8 +65,10 @@ def export(source: str | Path, out: str | Path, format: str = "safetensors", dty
                 files = [_quantized(weights, src, tokenizer, tmp, dtype, narrow, out.name)]
             else:
                 files = [write_gguf(weights, src, tokenizer, tmp, dtype, narrow, out.name)]
-    types = _tensor_types(out) if format == "gguf" else None
-    return ExportSummary(str(source), out, format, dtype, files, types)
+    if format == "safetensors":
+        return ExportSummary(str(source), out, format, dtype, files)
+    choices = [TensorChoice(*c) for c in type_choices(out, dtype)]
+    return ExportSummary(str(source), out, format, dtype, files, dict(Counter(c.type for c in choices)), choices)
 
 
 def _quantized(weights: Weights, src, tokenizer, tmp: Path, dtype: str, narrow: Narrowing, name: str) -> ExportedFile:
@@ -82,11 +84,6 @@ def _quantized(weights: Weights, src, tokenizer, tmp: Path, dtype: str, narrow: 
     finally:
         f32.unlink(missing_ok=True)
     return ExportedFile(name, tmp.stat().st_size, sha256_file(tmp))
-
-
-def _tensor_types(path: Path) -> dict[str, int]:
-    from gguf import GGUFReader
-    return dict(Counter(t.tensor_type.name for t in GGUFReader(path).tensors))
 
 
 @contextlib.contextmanager

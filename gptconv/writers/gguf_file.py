@@ -87,6 +87,39 @@ def _tensor_type(name: str, shape: tuple[int, ...], dtype: str) -> Q:
     return WEIGHT_TYPES[dtype]
 
 
+def type_choices(path: Path, dtype: str) -> list[tuple[str, str, str]]:
+    """(tensor, type, why) for every tensor of a written GGUF file: why it has the type it has, read
+    from what the file holds against the type ``dtype`` names (``Q4_K`` for q4_k_m): the rules that
+    made it are ours for f32 … q8_0 (``_tensor_type``) and llama.cpp's quantizer's for the others."""
+    from gguf import GGML_QUANT_SIZES, GGUFReader
+    main = re.sub(r"_[sml]$", "", dtype).upper()  # q4_k_m → Q4_K, q8_0 → Q8_0, bf16 → BF16
+    main_block = GGML_QUANT_SIZES[Q[main]][0]
+
+    def bits(t: str) -> float:
+        block, size = GGML_QUANT_SIZES[Q[t]]
+        return 8 * size / block
+
+    out = []
+    for t in GGUFReader(path).tensors:
+        name, kind, row = t.name, t.tensor_type.name, int(t.shape[0])  # shape in GGUF order: rows first
+        role = "output head" if name == "output.weight" else "token embedding"
+        if kind == main:
+            why = f"{dtype}'s type"
+        elif len(t.shape) < 2 or t.n_elements == row:
+            why = "1-D (a norm or bias): kept F32"
+        elif KEEP_F32.fullmatch(name):
+            why = "llama.cpp keeps it unquantized (a router or learned positions)"
+        elif row % main_block:
+            why = f"rows of {row} values, not a multiple of {main}'s block of {main_block} (a fallback type)"
+        elif name in ("output.weight", "token_embd.weight"):
+            why = f"the {role}: llama.cpp gives it {'more' if bits(kind) > bits(main) else 'fewer'} bits"
+        else:
+            kind_of = re.sub(r"^blk\.\d+\.", "", name).removesuffix(".weight")
+            why = f"llama.cpp's rule for {kind_of} in {dtype}: {'more' if bits(kind) > bits(main) else 'fewer'} bits"
+        out.append((name, kind, why))
+    return out
+
+
 def _layout(shape: tuple[int, ...], qtype: Q) -> tuple[int, np.dtype, tuple[int, ...]]:
     """(bytes, numpy dtype, shape) to declare for a tensor of logical ``shape`` stored as ``qtype``."""
     n = int(np.prod(shape))

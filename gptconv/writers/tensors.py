@@ -24,6 +24,13 @@ LLAMA_QUANTS = {name: name.upper() for name in ("q4_0", "q4_1", "q5_0", "q5_1", 
 
 
 @dataclass
+class TensorChoice(Result):
+    tensor: str
+    type: str
+    why: str
+
+
+@dataclass
 class ExportedFile(Result):
     name: str
     bytes: int
@@ -38,6 +45,8 @@ class ExportSummary(Result):
     dtype: str
     files: list[ExportedFile]
     tensor_types: dict[str, int] | None = None  # GGUF: tensor type → how many tensors have it
+    tensor_choices: list[TensorChoice] | None = None  # GGUF: each tensor's type and why
+    check: Any = None  # export --check: a perplexity.Perplexity of the written model against the source
 
 
 class Narrowing:
