@@ -185,7 +185,7 @@ def _terminate_cleanly() -> Iterator[None]:
 def _remove_stale_partials(out: Path) -> None:
     """Temporary outputs left by exports that were killed (their process is gone) are removed."""
     for tmp in out.parent.glob(f".{glob.escape(out.name)}.partial-*"):
-        pid = tmp.name.rsplit("-", 1)[1].split(".")[0]  # .old after a swap, .f32 an intermediate
+        pid = tmp.name.rsplit("-", 1)[1].split(".")[0]  # .old after a swap, .f32 / .bf16 / .f16 an intermediate
         if pid.isdigit() and not _alive(int(pid)):
             _remove(tmp)
 

@@ -14,20 +14,31 @@ import pytest
 
 import gptconv
 import llama_cpp_tools
+from gptconv import llamacpp
 from gptconv.writers import export
 from helpers import run_cli
 
 
 @pytest.mark.parametrize("name,dtype", [("qwen3", "q4_0"), ("phi3", "q4_1"), ("mistral-swa", "q5_0"),
                                         ("qwen3", "q5_1"), ("mixtral", "q8_0"), ("qwen3", "q4_k_m"),
-                                        ("qwen3", "q6_k"), ("mixtral", "q3_k_s"), ("mixtral", "q5_k_m")])
-def test_equals_llama_cpps_quantizer_by_hand_and_runs(wide_families, tmp_path, name, dtype):
+                                        ("qwen3", "q6_k"), ("mixtral", "q3_k_s"), ("mixtral", "q5_k_m"),
+                                        ("qwen3", "q2_k"), ("phi3", "q3_k_m"), ("mistral-swa", "q3_k_l"),
+                                        ("qwen3", "q4_k_s"), ("mixtral", "q5_k_s"),
+                                        ("qwen3-bf16", "q4_k_m"), ("phi3-bf16", "q5_k_m")])
+def test_equals_llama_cpps_quantizer_by_hand_and_runs(wide_families, tmp_path, monkeypatch, name, dtype):
     """q8_0 is ours (gguf.quants, streamed), the rest llama.cpp's quantizer run on our f32 file: either way
     the file is byte for byte what llama-quantize makes of that f32 file."""
     (tmp_path / "ours").mkdir()
     (tmp_path / "hand").mkdir()
-    summary = export(str(wide_families[name]), tmp_path / "ours" / "m.gguf", "gguf", dtype)
-    f32 = export(str(wide_families[name]), tmp_path / "hand" / "m.f32.gguf", "gguf", "f32").out
+    source = wide_families[name.removesuffix("-bf16")]
+    if name.endswith("-bf16"):  # a bf16 checkpoint: quantized from a bf16 intermediate, half an f32 one
+        source = export(str(source), tmp_path / "bf16", "safetensors", "bf16").out
+    read = []  # what llama.cpp's quantizer is given
+    quantize = llamacpp.quantize_file
+    monkeypatch.setattr(llamacpp, "quantize_file", lambda path, out, ftype: (read.append(path.name), quantize(path, out, ftype)))
+    summary = export(str(source), tmp_path / "ours" / "m.gguf", "gguf", dtype)
+    assert read == ([] if dtype == "q8_0" else [f".m.gguf.partial-{os.getpid()}.{'bf16' if name.endswith('-bf16') else 'f32'}"])
+    f32 = export(str(source), tmp_path / "hand" / "m.f32.gguf", "gguf", "f32").out
     hand = llama_cpp_tools.quantize(f32, tmp_path / "hand" / "m.gguf", dtype.upper())
     keys, tensors = llama_cpp_tools.differences(summary.out, hand)
     assert tensors == [] and set(keys) <= {"general.name"}, (keys, tensors)

@@ -2,7 +2,10 @@
 file's size and bits per weight, the export's time, and its perplexity on a text with KL divergence
 and top-1 agreement against the model's f32 export (``gptconv perplexity --against``).
 
-    python -m gptconv.bench.quality SOURCE TEXTFILE [--ctx 128] [--types q8_0,q4_k_m]
+    python -m gptconv.bench.quality SOURCE TEXTFILE [--ctx 128] [--types q8_0,q4_k_m] [--llama-cpp]
+
+``--llama-cpp`` adds the same figures with each file run by llama.cpp as stored (``--in llama.cpp``:
+its quantized kernels, which also round activations), against the f32 export run here.
 
 Prints a Markdown table (the README's).
 """
@@ -28,6 +31,7 @@ def main() -> None:
     p.add_argument("text", type=Path)
     p.add_argument("--ctx", type=int, default=128)
     p.add_argument("--types", default=",".join(TYPES))
+    p.add_argument("--llama-cpp", action="store_true", help="also run each file in llama.cpp")
     args = p.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -41,13 +45,21 @@ def main() -> None:
             r = perplexity(out, args.text, ctx=args.ctx, against=base)
             a = r.against
             size = out.stat().st_size
-            rows.append(f"| {dtype} | {size / 2**20:.1f} MiB | {8 * size / n_weights:.2f} | {seconds:.1f} s | "
-                        f"{r.perplexity:.4f} | {a.delta_perplexity:+.4f} | {a.kl_mean:.5f} | {a.kl_p99:.5f} | "
-                        f"{a.same_top:.2%} |")
+            row = (f"| {dtype} | {size / 2**20:.1f} MiB | {8 * size / n_weights:.2f} | {seconds:.1f} s | "
+                   f"{r.perplexity:.4f} | {a.delta_perplexity:+.4f} | {a.kl_mean:.5f} | {a.kl_p99:.5f} | "
+                   f"{a.same_top:.2%} |")
+            if args.llama_cpp:
+                r = perplexity(out, args.text, ctx=args.ctx, against=base, engine="llama.cpp")
+                a = r.against
+                row += f" {r.perplexity:.4f} | {a.kl_mean:.5f} | {a.same_top:.2%} |"
+            rows.append(row)
             out.unlink()
     print(f"{args.source} on {args.text.name}, windows of {args.ctx} tokens; against its f32 export\n")
-    print("| type | file | bits/weight | export | perplexity | Δppl | KLD mean | KLD p99 | same top |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    head = "| type | file | bits/weight | export | perplexity | Δppl | KLD mean | KLD p99 | same top |"
+    if args.llama_cpp:
+        head += " in llama.cpp: perplexity | KLD mean | same top |"
+    print(head)
+    print("|" + "---|" * (head.count("|") - 1))
     print("\n".join(rows))
 
 

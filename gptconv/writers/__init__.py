@@ -72,17 +72,20 @@ def export(source: str | Path, out: str | Path, format: str = "safetensors", dty
 
 
 def _quantized(weights: Weights, src, tokenizer, tmp: Path, dtype: str, narrow: Narrowing, name: str) -> ExportedFile:
-    """An f32 GGUF first (beside the output, under its temporary name), then llama.cpp's own quantizer
-    from it: each tensor's type follows llama.cpp's rules for that mix (the head at Q6_K, attn_v and
-    ffn_down at more bits in the _M mixes, 1-D tensors F32, rows not a multiple of the block fall back)."""
+    """A full-precision GGUF first (beside the output, under its temporary name), then llama.cpp's own
+    quantizer from it: each tensor's type follows llama.cpp's rules for that mix (the head at Q6_K,
+    attn_v and ffn_down at more bits in the _M mixes, 1-D tensors F32, rows not a multiple of the block
+    fall back). The intermediate holds the source's own precision — bf16 or f16 for a checkpoint
+    stored so, half an f32 file on disk — else f32; the quantizer reads every value exactly either way."""
     from ..llamacpp import quantize_file
     from ..output import sha256_file
-    f32 = tmp.with_name(tmp.name + ".f32")
+    exact = {torch.bfloat16: "bf16", torch.float16: "f16"}.get(weights.dtype, "f32")
+    intermediate = tmp.with_name(f"{tmp.name}.{exact}")
     try:
-        write_gguf(weights, src, tokenizer, f32, "f32", narrow, name)
-        quantize_file(f32, tmp, LLAMA_QUANTS[dtype])
+        write_gguf(weights, src, tokenizer, intermediate, exact, narrow, name)
+        quantize_file(intermediate, tmp, LLAMA_QUANTS[dtype])
     finally:
-        f32.unlink(missing_ok=True)
+        intermediate.unlink(missing_ok=True)
     return ExportedFile(name, tmp.stat().st_size, sha256_file(tmp))
 
 
