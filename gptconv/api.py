@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from .decoding import generate_tokens
+from .decoding import generate_batch, generate_tokens
 from .errors import GptconvError, NoTokenizer, where
 from .loader import Source, load_source, open_source, parse_dtype
 from .output import check_output
@@ -82,36 +82,77 @@ class Generation(Result):
     prompt: str  # as the model saw it (wrapped in the chat template with ``chat``)
     prompt_ids: list[int]
     ids: list[int]  # the new tokens
-    text: str  # the new text
+    text: str  # the new text, up to a stop string
     stopped_at_eos: bool
+    stop_string: str | None = None  # the stop string the text reached, cut off the text
 
 
-def generate(source: str | Path, prompt: str, max_new_tokens: int = 32, *, chat: bool = False,
-             temperature: float = 0.0, top_k: int | None = None, seed: int | None = None, dtype: str = "float32",
-             on_text: Callable[[str], object] | None = None) -> Generation:
-    """Continue ``prompt`` token by token through the KV cache (greedy unless ``temperature``),
-    stopping at the tokenizer's EOS. ``chat``: wrap the prompt as a user message in the model's chat
-    template. ``on_text``: called with the prompt as the model sees it, then with each new piece of
-    text as soon as it is whole UTF-8 (what the CLI prints as it goes)."""
+def generate(source: str | Path, prompt: str | list[str], max_new_tokens: int = 32, *, chat: bool = False,
+             temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
+             stop: str | list[str] | None = None, seed: int | None = None, dtype: str = "float32",
+             on_text: Callable[[str], object] | None = None) -> Generation | list[Generation]:
+    """Continue ``prompt`` token by token through the KV cache (greedy unless ``temperature``; sampled
+    from ``top_k`` and ``top_p``), stopping at the tokenizer's EOS or once the new text holds a ``stop``
+    string (cut off the text). ``chat``: wrap the prompt as a user message in the model's chat template.
+    ``on_text``: called with the prompt as the model sees it, then with each new piece of text as soon
+    as it is whole UTF-8 (what the CLI prints as it goes; one prompt only).
+
+    A list of prompts (different lengths welcome) runs as one padded batch and gives a list: each
+    prompt the tokens it gets alone (greedy: the same tokens), each stopping on its own."""
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise GptconvError(f"--top-p {top_p}: use a probability in (0, 1]")
+    stops = [stop] if isinstance(stop, str) else list(stop or [])
+    if any(not s for s in stops):
+        raise GptconvError("a stop string cannot be empty")
     src = open_source(source)
     tok = load_tokenizer(src)
-    text = tok.apply_chat_template([{"role": "user", "content": prompt}]) if chat else prompt
+    texts = [prompt] if isinstance(prompt, str) else list(prompt)
+    if not texts:
+        raise GptconvError("no prompt given")
     # a chat template writes its own BOS ({{ bos_token }}), as transformers' apply_chat_template assumes
-    prompt_ids = encode_prompt(src, text, None, add_special_tokens=not chat, tokenizer=tok)
+    texts = [tok.apply_chat_template([{"role": "user", "content": t}]) if chat else t for t in texts]
+    prompt_ids = [encode_prompt(src, t, None, add_special_tokens=not chat, tokenizer=tok) for t in texts]
     model = load_source(src, dtype)
-    stop = {tok.eos_id} if tok.eos_id is not None else set()
+    eos = {tok.eos_id} if tok.eos_id is not None else set()
+    options = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop_ids=eos)
+
+    def finish(text: str, ids: list[int], out: list[int]) -> Generation:
+        new = tok.decode(out)
+        reached = _first_stop(new, stops)
+        return Generation(str(source), text, ids, out, new if reached is None else new[:new.index(reached)],
+                          bool(out) and out[-1] in eos, reached)
+
+    if not isinstance(prompt, str):
+        done = (lambda out: _first_stop(tok.decode(out), stops) is not None) if stops else None
+        outs = generate_batch(model, prompt_ids, max_new_tokens, pad_id=_pad_id(tok), done=done, **options)
+        return [finish(t, ids, out) for t, ids, out in zip(texts, prompt_ids, outs)]
     say = on_text or (lambda piece: None)
-    say(text)
+    say(texts[0])
     out: list[int] = []
     shown = ""
-    for token in generate_tokens(model, prompt_ids, max_new_tokens, temperature=temperature, top_k=top_k,
-                                 seed=seed, stop_ids=stop):
+    for token in generate_tokens(model, prompt_ids[0], max_new_tokens, **options):
         out.append(token)
         new = tok.decode(out)
+        reached = _first_stop(new, stops)
+        if reached is not None:
+            new = new[:new.index(reached)]
         if not new.endswith("\ufffd"):  # wait for the rest of a multi-byte character
             say(new[len(shown):])
             shown = new
-    return Generation(str(source), text, prompt_ids, out, tok.decode(out), bool(out) and out[-1] in stop)
+        if reached is not None:
+            break
+    return finish(texts[0], prompt_ids[0], out)
+
+
+def _first_stop(text: str, stops: list[str]) -> str | None:
+    """The stop string that occurs first in ``text``, if any."""
+    found = [(text.index(s), s) for s in stops if s in text]
+    return min(found)[1] if found else None
+
+
+def _pad_id(tok: Tokenizer) -> int:
+    """Any id serves (pads are masked out); the tokenizer's EOS or BOS reads best in a dump."""
+    return next((i for i in (tok.eos_id, tok.bos_id) if i is not None), 0)
 
 
 def tokenizer_or_none(src: Source) -> Tokenizer | None:

@@ -1,8 +1,13 @@
-"""Generation: prefill once, then the same trace with T = 1 against the KV cache."""
+"""Generation: prefill once, then the same trace with T = 1 against the KV cache.
+
+One prompt (``generate_tokens``, streamed) or several of different lengths (``generate_batch``): those
+are left-padded into one batch whose attention mask the cache carries, so each gets the tokens it
+gets alone (greedy: the same tokens), and each stops at its own stop token.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn as nn
@@ -12,27 +17,38 @@ from .models import KVCache
 
 
 def next_token(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None = None,
-               generator: torch.Generator | None = None) -> torch.Tensor:
-    """logits (B, V) → ids (B,): greedy when ``temperature == 0``, else sampled from the top k."""
+               generator: torch.Generator | None = None, top_p: float | None = None) -> torch.Tensor:
+    """logits (B, V) → ids (B,): greedy when ``temperature == 0``, else sampled from the k most likely
+    (``top_k``) and, of those, the fewest whose probabilities reach ``top_p`` (nucleus sampling)."""
     if temperature <= 0:
         return logits.argmax(dim=-1)
     logits = logits.float() / temperature
     if top_k is not None and top_k < logits.size(-1):
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        ranked, order = logits.sort(dim=-1, descending=True)       # (B, V), most likely first
+        probs = torch.softmax(ranked, dim=-1)
+        beyond = probs.cumsum(-1) - probs >= top_p                   # the mass before it already reaches p
+        logits = logits.scatter(-1, order, ranked.masked_fill(beyond, float("-inf")))
     probs = torch.softmax(logits, dim=-1)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
-@torch.no_grad()
-def generate_tokens(model: nn.Module, prompt: list[int], max_new_tokens: int, temperature: float = 0.0,
-           top_k: int | None = None, seed: int | None = None, stop_ids: set[int] = frozenset()) -> Iterator[int]:
-    """Yield new token ids one by one; stops early at a token in ``stop_ids``."""
-    limit = model.config.context_length
-    total = min(len(prompt) + max_new_tokens, limit)
+def _check_prompt(prompt: list[int], limit: int) -> None:
     if not prompt or len(prompt) >= limit:
         raise GptconvError(f"the prompt has {len(prompt):,} tokens; generation needs 1 … {limit - 1:,} "
                            f"(this model's context holds {limit:,})")
+
+
+@torch.no_grad()
+def generate_tokens(model: nn.Module, prompt: list[int], max_new_tokens: int, temperature: float = 0.0,
+                    top_k: int | None = None, seed: int | None = None, stop_ids: set[int] = frozenset(),
+                    top_p: float | None = None) -> Iterator[int]:
+    """Yield new token ids one by one; stops early at a token in ``stop_ids``."""
+    limit = model.config.context_length
+    _check_prompt(prompt, limit)
+    total = min(len(prompt) + max_new_tokens, limit)
     device = next(model.parameters()).device
     generator = torch.Generator(device).manual_seed(seed) if seed is not None else None
     # room for the prompt and the first tokens; it grows as generation goes on, up to ``total``
@@ -40,7 +56,7 @@ def generate_tokens(model: nn.Module, prompt: list[int], max_new_tokens: int, te
     ids = torch.tensor([prompt], device=device)                     # (1, T): the prefill
     for _ in range(total - len(prompt)):
         logits = model(ids, cache=cache, last_only=True)[:, -1]     # (1, V)
-        token = next_token(logits, temperature, top_k, generator)  # (1,)
+        token = next_token(logits, temperature, top_k, generator, top_p)  # (1,)
         yield int(token)
         if int(token) in stop_ids:
             return
@@ -49,3 +65,42 @@ def generate_tokens(model: nn.Module, prompt: list[int], max_new_tokens: int, te
 
 def generate_ids(model: nn.Module, prompt: list[int], max_new_tokens: int, **options) -> list[int]:
     return list(generate_tokens(model, prompt, max_new_tokens, **options))
+
+
+@torch.no_grad()
+def generate_batch(model: nn.Module, prompts: list[list[int]], max_new_tokens: int, temperature: float = 0.0,
+                   top_k: int | None = None, seed: int | None = None, stop_ids: set[int] = frozenset(),
+                   top_p: float | None = None, pad_id: int = 0,
+                   done: Callable[[list[int]], bool] | None = None) -> list[list[int]]:
+    """The new tokens of each prompt, generated together: left-padded to one length (``pad_id``, masked
+    out), so that every sequence's next token comes from the last column. A sequence that reached a
+    token in ``stop_ids``, its own context limit or ``done(its new tokens)`` stops; the batch runs until
+    all have, a finished sequence's further tokens masked out as pads."""
+    limit = model.config.context_length
+    for prompt in prompts:
+        _check_prompt(prompt, limit)
+    device = next(model.parameters()).device
+    generator = torch.Generator(device).manual_seed(seed) if seed is not None else None
+    t = max(len(p) for p in prompts)
+    budget = [min(max_new_tokens, limit - len(p)) for p in prompts]  # each prompt's own room
+    ids = torch.full((len(prompts), t), pad_id, device=device)      # (B, T), left-padded
+    mask = torch.zeros(len(prompts), t, dtype=torch.bool, device=device)
+    for i, p in enumerate(prompts):
+        ids[i, t - len(p):] = torch.tensor(p, device=device)
+        mask[i, t - len(p):] = True
+    steps = max(budget)
+    cache = KVCache.for_model(model, batch=len(prompts), max_len=t + steps, reserve=t + min(steps, 256))
+    out: list[list[int]] = [[] for _ in prompts]
+    running = [b > 0 for b in budget]
+    for _ in range(steps):
+        logits = model(ids, cache=cache, last_only=True, attention_mask=mask)[:, -1]  # (B, V)
+        tokens = next_token(logits, temperature, top_k, generator, top_p)  # (B,)
+        for i, token in enumerate(tokens.tolist()):
+            if running[i]:
+                out[i].append(token)
+                running[i] = token not in stop_ids and len(out[i]) < budget[i] and not (done and done(out[i]))
+        if not any(running):
+            break
+        ids = tokens[:, None]                                       # (B, 1)
+        mask = torch.tensor(running, device=device)[:, None]        # a finished row's tokens are pads
+    return out

@@ -22,38 +22,8 @@ from gptconv.models import KVCache, PRESETS, build, build_empty
 from gptconv.models.gemma3 import FULL, SLIDING
 from gptconv.parity import FP32, LLAMA_CPP
 from gptconv.writers import export
+from fixtures import make_gemma3
 from helpers import assert_fp32_parity, assert_generation_matches, hf_model, hf_round_trip, random_ids, run_cli
-
-SHAPE = dict(vocab_size=400, hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4,
-             num_key_value_heads=2, head_dim=16, max_position_embeddings=96, sliding_window=16,
-             query_pre_attn_scalar=24,
-             rope_parameters={FULL: {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
-                              SLIDING: {"rope_type": "default", "rope_theta": 1e4}})
-
-
-def make_gemma3(folder: Path, vocab: str = "bpe", **changes) -> Path:
-    import transformers
-    torch.manual_seed(0)
-    cfg = transformers.Gemma3TextConfig(**{**SHAPE, **changes}, initializer_range=0.2, bos_token_id=1,
-                                        eos_token_id=2, pad_token_id=0)
-    model = transformers.Gemma3ForCausalLM(cfg)
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.ndim == 1:  # every norm: zeros at init, so a swapped one would not show
-                p.copy_((torch.randn(p.shape, generator=g) * 0.1).bfloat16().float())
-    model.save_pretrained(folder)
-    if vocab == "bpe":
-        from fixtures import write_bpe_tokenizer
-        write_bpe_tokenizer(folder, cfg.vocab_size)
-    else:  # llama.cpp ships no Gemma 3 vocabulary: Llama 2's SentencePiece model, which its converter accepts
-        import llama_cpp_tools
-        llama_cpp_tools.sentencepiece_model_from_gguf(llama_cpp_tools.vocab_file(vocab), folder / "tokenizer.model")
-        (folder / "tokenizer_config.json").write_text(json.dumps({
-            "tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
-            "add_bos_token": True, "add_eos_token": False, "legacy": True}))
-    return folder
-
 
 @pytest.fixture(scope="module")
 def gemma3(tmp_path_factory) -> Path:

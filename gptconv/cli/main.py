@@ -147,15 +147,18 @@ def trace(source: str, text: str | None, ids: str | None, dtype: str) -> None:
 @click.option("--temperature", default=0.0, show_default=True, type=FiniteFloat(0, 100),
               help="0 is greedy.")
 @click.option("--top-k", default=None, type=click.IntRange(1), help="Sample from the k most likely tokens.")
+@click.option("--top-p", default=None, type=FiniteFloat(0, 1),
+              help="Sample from the fewest most likely tokens whose probabilities reach p.")
+@click.option("--stop", multiple=True, help="Stop once the new text holds this string (repeatable); it is not printed.")
 @click.option("--seed", default=None, type=SEED, help="Seed for sampling.")
 @click.option("--chat", is_flag=True, help="Wrap PROMPT as a user message in the model's chat template.")
 @dtype_opt
 def generate(source: str, prompt: str, max_new_tokens: int, temperature: float, top_k: int | None,
-             seed: int | None, chat: bool, dtype: str) -> None:
+             top_p: float | None, stop: tuple[str, ...], seed: int | None, chat: bool, dtype: str) -> None:
     """Continue PROMPT, token by token with the KV cache (greedy by default)."""
     from ..api import generate as generate_
-    generate_(source, prompt, max_new_tokens, chat=chat, temperature=temperature, top_k=top_k, seed=seed,
-              dtype=dtype, on_text=lambda piece: click.echo(piece, nl=False))
+    generate_(source, prompt, max_new_tokens, chat=chat, temperature=temperature, top_k=top_k, top_p=top_p,
+              stop=list(stop), seed=seed, dtype=dtype, on_text=lambda piece: click.echo(piece, nl=False))
     click.echo()
 
 

@@ -1,9 +1,57 @@
-"""Causal scaled dot-product attention over (optionally cached) keys and values."""
+"""Causal scaled dot-product attention over (optionally cached) keys and values, and the padding
+of a batch whose sequences differ in length."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+
+class Padding:
+    """A batch with pad tokens (``attention_mask`` 0), left or right: each query's position in its own
+    sequence (real tokens before it), and for every key this step sees whether it is a real token and
+    its position. A real token then sees exactly what it would see alone: real keys of its sequence,
+    causal, within the window counted in positions; a pad sees only its own key (its output is unused).
+
+    positions: (B, T); key_mask, key_positions: (B, N), N = past + T (the cache's keys, then the step's).
+    """
+
+    def __init__(self, positions: torch.Tensor, key_mask: torch.Tensor, key_positions: torch.Tensor) -> None:
+        self.positions, self.key_mask, self.key_positions = positions, key_mask, key_positions
+        self._masks: dict[int | None, torch.Tensor] = {}
+
+    @classmethod
+    def of(cls, attention_mask: torch.Tensor | None, cache, batch: int, t: int, device: torch.device) -> Padding | None:
+        """None when nothing is padded (the plain causal path); a cache that has seen a mask keeps it."""
+        if attention_mask is None and (cache is None or cache.mask is None):
+            return None
+        if attention_mask is None:
+            mask = torch.ones(batch, t, dtype=torch.bool, device=device)
+        else:
+            mask = attention_mask.to(device=device, dtype=torch.bool)
+            if mask.shape != (batch, t):
+                raise ValueError(f"attention_mask has shape {tuple(mask.shape)}; the ids have {(batch, t)}")
+        if cache is not None:
+            return cls(*cache.pad_step(mask))
+        positions = (mask.long().cumsum(1) - 1).clamp_min(0)      # (B, T): real tokens before each one
+        return cls(positions, mask, positions)
+
+    @property
+    def length(self) -> int:
+        """Positions the longest sequence reaches (what the model's context must hold)."""
+        return int(self.positions.max()) + 1
+
+    def mask(self, window: int | None) -> torch.Tensor:
+        """(B, 1, T, N) booleans: True where a query may see a key."""
+        if window not in self._masks:
+            n, t = self.key_mask.size(1), self.positions.size(1)
+            rows = torch.arange(n - t, n, device=self.key_mask.device)[:, None]
+            cols = torch.arange(n, device=self.key_mask.device)[None, :]
+            visible = self.key_mask[:, None, :] & (cols <= rows)    # (B, T, N): real keys, causal
+            if window is not None:                                  # within the window, in positions
+                visible &= self.positions[:, :, None] - self.key_positions[:, None, :] < window
+            self._masks[window] = (visible | (cols == rows))[:, None]  # every row sees its own key
+        return self._masks[window]
 
 
 def causal_attention(
@@ -14,6 +62,7 @@ def causal_attention(
     dropout_p: float = 0.0,
     window: int | None = None,
     scale: float | None = None,
+    padding: Padding | None = None,
 ) -> torch.Tensor:
     """softmax(q kᵀ · scale + mask) v, with torch's fused kernel (scale defaults to 1/√hd).
 
@@ -23,12 +72,15 @@ def causal_attention(
     sees only the last ``window`` positions, its own included (key j with i − j < window, as
     transformers and llama.cpp count). When n_kv_heads < n_heads (GQA) each K/V head serves
     n_heads / n_kv_heads query heads (torch's ``enable_gqa`` is ``repeat_kv`` without the copy).
+    With ``padding`` (a batch with pad tokens) its mask says what each query sees.
     """
     gqa = k.size(1) != q.size(1)
     t, n = q.size(2), k.size(2)
+    kw = dict(dropout_p=dropout_p, enable_gqa=gqa, scale=scale)
+    if padding is not None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=padding.mask(window), **kw)
     if window is not None and window >= n:
         window = None  # every key is within the window: plain causal attention
-    kw = dict(dropout_p=dropout_p, enable_gqa=gqa, scale=scale)
     if window is None and past == 0:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, **kw)
     if window is None and t == 1:  # one new query sees every stored key: no mask needed

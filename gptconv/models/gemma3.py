@@ -18,11 +18,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..errors import GptconvError
-from .attention import causal_attention
+from .attention import Padding, causal_attention
 from .config_checks import check_range, check_rope_heads, check_sizes
 from .kv_cache import KVCache
 from .linear import Linear, linear
-from .rope import RopeScaling, rope, rope_angles, rope_frequencies
+from .rope import RopeScaling, rope, rope_angles, rope_angles_at, rope_frequencies
 from .tap import Tap, no_tap
 
 SLIDING, FULL = "sliding_attention", "full_attention"  # HF's layer_types
@@ -100,21 +100,29 @@ class Gemma3(nn.Module):
         self._inv_freq: dict[tuple[str, torch.device], torch.Tensor] = {}
 
     def forward(
-        self, ids: torch.Tensor, cache: KVCache | None = None, last_only: bool = False, tap: Tap = no_tap
+        self, ids: torch.Tensor, cache: KVCache | None = None, last_only: bool = False, tap: Tap = no_tap,
+        attention_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Token ids (B, T) → logits (B, T, V), or (B, 1, V) with ``last_only``."""
+        """Token ids (B, T) → logits (B, T, V), or (B, 1, V) with ``last_only``. ``attention_mask``
+        (B, T), 0 at pad tokens (left or right): each sequence gets the logits it gets alone."""
         c = self.config
         B, T = ids.shape
         start = cache.pos if cache is not None else 0
-        if start + T > c.context_length:
-            raise GptconvError(f"{start + T} positions asked for; the model has {c.context_length}")
+        pad = Padding.of(attention_mask, cache, B, T, ids.device)   # None: nothing padded
+        n = start + T if pad is None else pad.length
+        if n > c.context_length:
+            raise GptconvError(f"{n} positions asked for; the model has {c.context_length}")
         # √d rounded to the weights' dtype first, as HF does (in bfloat16 √640 is 25.25, not 25.298)
         x = self.tok_emb(ids) * torch.tensor(c.d_model**0.5).to(self.tok_emb.weight.dtype)  # (B, T, d)
         tap("token_embedding", x)
-        angles = {kind: rope_angles(self.inv_freq(kind, ids.device), start, T, x.dtype)  # (T, hd) each:
-                  for kind in set(c.layer_types)}                                        # local and global RoPE
+        if pad is None:
+            angles = {kind: rope_angles(self.inv_freq(kind, ids.device), start, T, x.dtype)  # (T, hd) each:
+                      for kind in set(c.layer_types)}                                        # local and global RoPE
+        else:
+            angles = {kind: rope_angles_at(self.inv_freq(kind, ids.device), pad.positions, x.dtype)  # (B, 1, T, hd)
+                      for kind in set(c.layer_types)}
         for i, block in enumerate(self.blocks):
-            x = block(x, *angles[c.layer_types[i]], i, cache, tap)  # (B, T, d)
+            x = block(x, *angles[c.layer_types[i]], i, cache, tap, pad)  # (B, T, d)
             tap(f"block.{i}", x)
         if last_only:
             x = x[:, -1:]                                           # (B, 1, d): only the next token matters
@@ -143,9 +151,10 @@ class Block(nn.Module):
         self.norm2, self.post_mlp_norm = RMSNorm(d, eps), RMSNorm(d, eps)
         self.mlp = GeGLU(config)
 
-    def forward(self, x, cos, sin, layer: int, cache: KVCache | None, tap: Tap = no_tap) -> torch.Tensor:
+    def forward(self, x, cos, sin, layer: int, cache: KVCache | None, tap: Tap = no_tap,
+                pad: Padding | None = None) -> torch.Tensor:
         inner = no_tap if tap is no_tap else (lambda name, t: tap(f"block.{layer}.{name}", t))  # steps inside
-        h = self.post_attn_norm(self.attn(self.norm1(x), cos, sin, layer, cache, inner))  # (B, T, d)
+        h = self.post_attn_norm(self.attn(self.norm1(x), cos, sin, layer, cache, inner, pad))  # (B, T, d)
         inner("post_attention_norm", h)
         x = x + h
         h = self.post_mlp_norm(self.mlp(self.norm2(x)))                                   # (B, T, d)
@@ -167,7 +176,8 @@ class Attention(nn.Module):
         self.window = c.sliding_window if c.layer_types[layer] == SLIDING else None
         self.scale = c.query_pre_attn_scalar**-0.5
 
-    def forward(self, x, cos, sin, layer: int, cache: KVCache | None, tap: Tap = no_tap) -> torch.Tensor:
+    def forward(self, x, cos, sin, layer: int, cache: KVCache | None, tap: Tap = no_tap,
+                pad: Padding | None = None) -> torch.Tensor:
         B, T, _ = x.shape
         q = self.q(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)     # (B, h, T, hd)
         k = self.k(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, h_kv, T, hd)
@@ -178,7 +188,7 @@ class Attention(nn.Module):
         q, k = rope(q, cos, sin), rope(k, cos, sin)                # position enters here, and only here
         if cache is not None:
             k, v = cache.update(layer, k, v)                        # (B, h_kv, past + T, hd): every past position
-        y = causal_attention(q, k, v, k.size(2) - T, window=self.window, scale=self.scale)  # (B, h, T, hd)
+        y = causal_attention(q, k, v, k.size(2) - T, window=self.window, scale=self.scale, padding=pad)  # (B, h, T, hd)
         return self.o(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
 
 

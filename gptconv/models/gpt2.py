@@ -9,7 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..errors import GptconvError
-from .attention import causal_attention
+from .attention import Padding, causal_attention
 from .kv_cache import KVCache
 from .linear import Linear, linear
 from .config_checks import check_range, check_sizes
@@ -72,21 +72,26 @@ class GPT2(nn.Module):
         self.norm_f = nn.LayerNorm(config.d_model, eps=config.norm_eps)
 
     def forward(
-        self, ids: torch.Tensor, cache: KVCache | None = None, last_only: bool = False, tap: Tap = no_tap
+        self, ids: torch.Tensor, cache: KVCache | None = None, last_only: bool = False, tap: Tap = no_tap,
+        attention_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Token ids (B, T) → logits (B, T, V), or (B, 1, V) with ``last_only``."""
+        """Token ids (B, T) → logits (B, T, V), or (B, 1, V) with ``last_only``. ``attention_mask``
+        (B, T), 0 at pad tokens (left or right): each sequence gets the logits it gets alone."""
         B, T = ids.shape
         start = cache.pos if cache is not None else 0
-        if start + T > self.config.context_length:
-            raise GptconvError(f"{start + T} positions asked for; the model has {self.config.context_length}")
+        pad = Padding.of(attention_mask, cache, B, T, ids.device)   # None: nothing padded
+        n = start + T if pad is None else pad.length
+        if n > self.config.context_length:
+            raise GptconvError(f"{n} positions asked for; the model has {self.config.context_length}")
         x = self.tok_emb(ids)                                       # (B, T, d)
         tap("token_embedding", x)
-        x = x + self.pos_emb(torch.arange(start, start + T, device=ids.device))  # (B, T, d)
+        positions = torch.arange(start, start + T, device=ids.device) if pad is None else pad.positions
+        x = x + self.pos_emb(positions)                             # (B, T, d)
         tap("position_embedding", x)
         x = self.drop(x)
         tap("embedding_dropout", x)
         for i, block in enumerate(self.blocks):
-            x = block(x, i, cache)                                  # (B, T, d)
+            x = block(x, i, cache, pad)                             # (B, T, d)
             tap(f"block.{i}", x)
         if last_only:
             x = x[:, -1:]                                           # (B, 1, d): only the next token matters
@@ -105,8 +110,8 @@ class Block(nn.Module):
         self.norm2 = nn.LayerNorm(config.d_model, eps=config.norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, layer: int, cache: KVCache | None) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x), layer, cache)
+    def forward(self, x: torch.Tensor, layer: int, cache: KVCache | None, pad: Padding | None = None) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x), layer, cache, pad)
         return x + self.mlp(self.norm2(x))
 
 
@@ -119,7 +124,7 @@ class SelfAttention(nn.Module):
         self.attn_dropout = config.attn_dropout
         self.resid_drop = nn.Dropout(config.resid_dropout)
 
-    def forward(self, x: torch.Tensor, layer: int, cache: KVCache | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, layer: int, cache: KVCache | None, pad: Padding | None = None) -> torch.Tensor:
         B, T, d = x.shape
         q, k, v = self.qkv(x).split(d, dim=-1)                      # 3 × (B, T, d)
         q, k, v = (t.view(B, T, self.n_heads, self.head_dim).transpose(1, 2) for t in (q, k, v))  # (B, h, T, hd)
@@ -127,7 +132,7 @@ class SelfAttention(nn.Module):
             k, v = cache.update(layer, k, v)                        # (B, h, past + T, hd)
         past = k.size(2) - T
         p = self.attn_dropout if self.training else 0.0
-        y = causal_attention(q, k, v, past, dropout_p=p)            # (B, h, T, hd)
+        y = causal_attention(q, k, v, past, dropout_p=p, padding=pad)  # (B, h, T, hd)
         y = y.transpose(1, 2).reshape(B, T, d)                      # (B, T, d)
         return self.resid_drop(self.proj(y))
 

@@ -39,6 +39,9 @@ class KVCache:
         self.pos = 0  # how many positions are already stored
         self.offset = 0  # the position slot 0 holds (0 unless a window let older positions go)
         self._next_layer = 0  # the layer whose keys/values come next in this step
+        # a padded batch (``pad_step``): per slot, a real token or a pad, and its position in its sequence
+        self.mask: torch.Tensor | None = None
+        self.positions: torch.Tensor | None = None
 
     @classmethod
     def for_model(cls, model: torch.nn.Module, batch: int, max_len: int, reserve: int | None = None) -> KVCache:
@@ -78,6 +81,30 @@ class KVCache:
             self.pos = end
         return keys, values
 
+    def pad_step(self, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Before a step of a padded batch, ``mask`` (B, T) True for real tokens: stores it and returns
+        each new token's position in its own sequence (B, T), and for every key the step sees whether
+        it is real and its position (B, past + T each). Once a batch is padded the cache keeps every
+        key (pads make slots and positions differ, so a window is applied in attention, by position)."""
+        b, t = mask.shape
+        if self.mask is None:
+            if self.offset:
+                raise ValueError("KV cache: a padded step after a window let positions go; "
+                                 "start a padded batch on a fresh cache")
+            self.mask = torch.ones(b, self.capacity, dtype=torch.bool, device=self.k.device)
+            self.positions = torch.arange(self.capacity, device=self.k.device).expand(b, -1).clone()
+            self.window = None
+        end = self.pos + t
+        if end > self.max_len:
+            raise ValueError(f"KV cache holds {self.max_len} positions; {end} were asked for")
+        if end > self.capacity:
+            self._make_room(t)
+        seen = self.mask[:, : self.pos].sum(1, keepdim=True)       # (B, 1): real tokens so far
+        positions = (seen + mask.long().cumsum(1) - 1).clamp_min(0)  # (B, T)
+        self.mask[:, self.pos : end] = mask
+        self.positions[:, self.pos : end] = positions
+        return positions, self.mask[:, :end], self.positions[:, :end]
+
     def _make_room(self, t: int) -> None:
         """Before layer 0 stores a step of ``t`` positions: forget what no query can see any more
         (windowed), then grow if the step still does not fit."""
@@ -99,6 +126,11 @@ class KVCache:
             old = getattr(self, name)
             new = old.new_zeros((*old.shape[:3], capacity, old.size(4)))
             new[:, :, :, : old.size(3)] = old
+            setattr(self, name, new)
+        for name in ("mask", "positions") if self.mask is not None else ():
+            old = getattr(self, name)
+            new = old.new_zeros((old.size(0), capacity))
+            new[:, : old.size(1)] = old
             setattr(self, name, new)
 
 

@@ -15,10 +15,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..errors import GptconvError
-from .attention import causal_attention
+from .attention import Padding, causal_attention
 from .kv_cache import KVCache
 from .linear import Linear, linear
-from .rope import RopeScaling, rope, rope_angles, rope_frequencies
+from .rope import RopeScaling, rope, rope_angles, rope_angles_at, rope_frequencies
 from .config_checks import check_range, check_rope_heads, check_sizes
 from .tap import Tap, no_tap
 
@@ -137,17 +137,23 @@ class Llama(nn.Module):
         self._inv_freq: dict[torch.device, torch.Tensor] = {}
 
     def forward(
-        self, ids: torch.Tensor, cache: KVCache | None = None, last_only: bool = False, tap: Tap = no_tap
+        self, ids: torch.Tensor, cache: KVCache | None = None, last_only: bool = False, tap: Tap = no_tap,
+        attention_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Token ids (B, T) → logits (B, T, V), or (B, 1, V) with ``last_only``."""
+        """Token ids (B, T) → logits (B, T, V), or (B, 1, V) with ``last_only``. ``attention_mask``
+        (B, T), 0 at pad tokens (left or right): each sequence gets the logits it gets alone."""
         B, T = ids.shape
         start = cache.pos if cache is not None else 0
-        self._check_length(start + T)
+        pad = Padding.of(attention_mask, cache, B, T, ids.device)   # None: nothing padded
+        self._check_length(start + T if pad is None else pad.length)
         x = self.tok_emb(ids)                                       # (B, T, d): no position embedding
         tap("token_embedding", x)
-        cos, sin = rope_angles(self.inv_freq(ids.device), start, T, x.dtype)  # (T, hd): used inside attention
+        if pad is None:
+            cos, sin = rope_angles(self.inv_freq(ids.device), start, T, x.dtype)  # (T, hd): used inside attention
+        else:
+            cos, sin = rope_angles_at(self.inv_freq(ids.device), pad.positions, x.dtype)  # (B, 1, T, hd)
         for i, block in enumerate(self.blocks):
-            x = block(x, cos, sin, i, cache, tap)                   # (B, T, d)
+            x = block(x, cos, sin, i, cache, tap, pad)              # (B, T, d)
             tap(f"block.{i}", x)
         if last_only:
             x = x[:, -1:]                                           # (B, 1, d): only the next token matters
@@ -178,9 +184,10 @@ class Block(nn.Module):
         self.norm2 = RMSNorm(config.d_model, config.norm_eps)
         self.mlp = MoE(config) if config.n_experts else SwiGLU(config)
 
-    def forward(self, x, cos, sin, layer: int, cache: KVCache | None, tap: Tap = no_tap) -> torch.Tensor:
+    def forward(self, x, cos, sin, layer: int, cache: KVCache | None, tap: Tap = no_tap,
+                pad: Padding | None = None) -> torch.Tensor:
         inner = no_tap if tap is no_tap else (lambda name, t: tap(f"block.{layer}.{name}", t))  # steps inside
-        x = x + self.attn(self.norm1(x), cos, sin, layer, cache, inner)
+        x = x + self.attn(self.norm1(x), cos, sin, layer, cache, inner, pad)
         return x + self.mlp(self.norm2(x), inner)
 
 
@@ -197,7 +204,8 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(c.head_dim, c.norm_eps) if c.qk_norm else None
         self.window = c.sliding_window
 
-    def forward(self, x, cos, sin, layer: int, cache: KVCache | None, tap: Tap = no_tap) -> torch.Tensor:
+    def forward(self, x, cos, sin, layer: int, cache: KVCache | None, tap: Tap = no_tap,
+                pad: Padding | None = None) -> torch.Tensor:
         B, T, _ = x.shape
         q = self.q(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)     # (B, h, T, hd)
         k = self.k(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, h_kv, T, hd)
@@ -209,7 +217,7 @@ class Attention(nn.Module):
         q, k = rope(q, cos, sin), rope(k, cos, sin)                # position enters here, and only here
         if cache is not None:
             k, v = cache.update(layer, k, v)                        # (B, h_kv, past + T, hd)
-        y = causal_attention(q, k, v, k.size(2) - T, window=self.window)  # (B, h, T, hd): GQA shares K/V
+        y = causal_attention(q, k, v, k.size(2) - T, window=self.window, padding=pad)  # (B, h, T, hd): GQA shares K/V
         return self.o(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
 
 

@@ -67,6 +67,14 @@ def rope_angles(inv_freq: torch.Tensor, start: int, length: int, dtype: torch.dt
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
+def rope_angles_at(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin of p · θ for each sequence's own positions (B, T) (a padded batch): each (B, 1, T, hd),
+    the same values ``rope_angles`` gives for those positions."""
+    angles = positions.to(torch.float32)[..., None] * inv_freq    # (B, T, hd / 2)
+    angles = torch.cat((angles, angles), dim=-1)[:, None]         # (B, 1, T, hd): broadcast over heads
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((-x2, x1), dim=-1)
