@@ -22,6 +22,7 @@ from pathlib import Path
 from .api import (ExportSummary, Generation, Inspection, Perplexity, PullSummary, Report, Trace, export, generate,
                   inspect, perplexity, pull, record_reference, trace, verify)
 from .errors import GptconvError
+from .layouts import state_dict
 from .loader import load, open_source
 from .models import GPT2, GPT2Config, KVCache, Llama, LlamaConfig
 from .tokenizer import Tokenizer
@@ -40,4 +41,5 @@ def load_tokenizer(source: str | Path) -> Tokenizer:
 
 __all__ = ["GPT2", "GPT2Config", "ExportSummary", "Generation", "GptconvError", "Inspection", "KVCache", "Llama",
            "LlamaConfig", "Perplexity", "PullSummary", "Report", "Trace", "Tokenizer", "export", "generate", "inspect",
-           "load", "load_tokenizer", "open_source", "perplexity", "pull", "record_reference", "trace", "verify"]
+           "load", "load_tokenizer", "open_source", "perplexity", "pull", "record_reference", "state_dict", "trace",
+           "verify"]

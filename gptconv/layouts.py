@@ -1,0 +1,62 @@
+"""A checkpoint's weights as a state dict in the layout some model code loads: ours (``gptconv``), Hugging
+Face's (transformers' model class for the family), or a user's own naming written as a key table.
+
+Every layout goes through the key-map engine import and export use: the source's table maps it onto our
+parameters (dequantized, Q/K un-permuted, Conv1D transposed — whatever the source format needs), and
+the layout's table is read backwards (``KeyMap.inverse``) to name and reshape each tensor. A user's table
+is written the way ours are — rows ``Map(their_name, our_name, transform)`` — and is checked whole
+before any tensor is read: a row missing is an error naming the checkpoint's tensors it leaves out.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+
+from .convert import hf_family
+from .convert.keymap import KeyMap
+from .errors import GptconvError
+from .loader import load_source, open_source, parse_dtype
+from .writers.tensors import Weights
+
+LAYOUTS = ("gptconv", "hf")
+
+
+def state_dict(source: str | Path, layout: str | KeyMap = "gptconv", dtype: str | torch.dtype = "float32",
+               revision: str | None = None) -> dict[str, torch.Tensor]:
+    """``source`` (any format gptconv reads) as a state dict for ``load_state_dict``: ``layout="gptconv"``
+    for our model, ``"hf"`` for transformers' (tied heads under both names, as its state dict has them),
+    or a ``KeyMap`` of the user's names onto ours."""
+    dt = parse_dtype(dtype)
+    if isinstance(layout, str) and layout not in LAYOUTS:
+        raise GptconvError(f"layout '{layout}': choose {' or '.join(LAYOUTS)}, or give a KeyMap")
+    src = open_source(source, revision, backend="per-tensor")
+    if layout == "gptconv":
+        return load_source(src, dt).state_dict()
+    keymap = hf_family(src.config).keymap(src.config) if layout == "hf" else layout
+    weights = Weights.of(src)
+    _check_complete(keymap, weights, src)
+    stored = weights.stored_as(keymap)
+    out = {s.name: tensor.to(dt, copy=True) for s, tensor in zip(stored, weights.written(stored))}
+    for rule in keymap.rules:  # a tied copy (transformers' lm_head.weight) shares its original
+        if rule.kind == "tied" and "{" not in rule.source and rule.source not in out and rule.target in weights.shapes:
+            out[rule.source] = out[keymap.source_name(rule.target, src.config)[0]]
+    return out
+
+
+def _check_complete(keymap: KeyMap, weights: Weights, src) -> None:
+    """Every one of our parameters has a row in ``keymap``; else one error naming, in the checkpoint's
+    own names, the tensors the table leaves out (layers folded into ``{i}``)."""
+    left: dict[str, str] = {}
+    for target in weights.shapes:
+        try:
+            keymap.rule_for(target, src.config)
+        except GptconvError:
+            theirs = src.keymap.source_name(target, src.config)[0]
+            left.setdefault(re.sub(r"\.\d+\.", ".{i}.", theirs), re.sub(r"\.\d+\.", ".{i}.", target))
+    if left:
+        listed = ", ".join(f"'{theirs}' (ours '{ours}')" for theirs, ours in list(left.items())[:6])
+        more = f" and {len(left) - 6} more" if len(left) > 6 else ""
+        raise GptconvError(f"key map {keymap.name}: no row takes {len(left)} of {src.name}'s tensors: {listed}{more}")

@@ -1,0 +1,132 @@
+"""gptconv.state_dict: any checkpoint as the state dict of transformers' model, of ours, or of a user's
+own module through a key table the user writes (examples/nanogpt.py, examples/meta_llama.py)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import gptconv
+from gptconv.models import build
+from gptconv.parity import FP32
+from gptconv.writers import export
+from helpers import hf_model, random_ids
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "examples"))
+import meta_llama  # noqa: E402
+import nanogpt  # noqa: E402
+
+FAMILIES = [("ckpts", "tiny"), ("llamas", "llama3-gqa"), ("llamas", "tied"), ("families", "qwen3"),
+            ("families", "phi3"), ("families", "mixtral"), ("gemma3", None)]
+
+
+@pytest.fixture(scope="module")
+def gemma3(tmp_path_factory):
+    from fixtures import make_gemma3
+    return make_gemma3(tmp_path_factory.mktemp("gemma3") / "gemma3")
+
+
+def folder_of(request, fixture: str, name: str | None) -> Path:
+    value = request.getfixturevalue(fixture)
+    return value if name is None else value[name]
+
+
+def hf_logits(folder: Path, state: dict[str, torch.Tensor], ids: torch.Tensor) -> torch.Tensor:
+    """transformers' model of ``folder``'s config with ``state`` loaded: by load_state_dict (every key,
+    nothing left over); for Mixtral, whose module in transformers 5 fuses the experts that its files
+    keep apart (from_pretrained converts, load_state_dict does not), saved with the config and read
+    back by from_pretrained."""
+    import tempfile
+
+    import transformers
+    from safetensors.torch import save_file
+    config = transformers.AutoConfig.from_pretrained(folder)
+    if config.model_type == "mixtral":
+        with tempfile.TemporaryDirectory() as tmp:
+            config.save_pretrained(tmp)
+            save_file({k: v.contiguous() for k, v in state.items()}, f"{tmp}/model.safetensors", {"format": "pt"})
+            model = transformers.AutoModelForCausalLM.from_pretrained(tmp, attn_implementation="eager",
+                                                                      dtype=torch.float32)
+    else:
+        model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32)
+        model.load_state_dict(state, strict=True)
+    with torch.no_grad():
+        return model.eval()(ids).logits
+
+
+@pytest.mark.parametrize("fixture,name", FAMILIES)
+def test_hf_layout_loads_into_transformers_from_a_folder_and_from_gguf(request, tmp_path, fixture, name):
+    folder = folder_of(request, fixture, name)
+    ids = random_ids(gptconv.open_source(folder).config.vocab_size, 24, batch=1)
+    with torch.no_grad():
+        reference = hf_model(folder)(ids).logits
+    from_folder = hf_logits(folder, gptconv.state_dict(folder, "hf"), ids)
+    assert torch.equal(from_folder, reference)  # the same tensors, in the same places
+    gguf = export(str(folder), tmp_path / "m.gguf", "gguf", "f32").out  # Q/K permuted, Conv1D transposed there
+    from_gguf = hf_logits(folder, gptconv.state_dict(gguf, "hf"), ids)
+    assert (from_gguf - reference).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("fixture,name", FAMILIES)
+def test_gptconv_layout_loads_into_ours(request, fixture, name):
+    folder = folder_of(request, fixture, name)
+    src = gptconv.open_source(folder)
+    model = build(src.config)
+    model.load_state_dict(gptconv.state_dict(folder), strict=True)
+    ids = random_ids(src.config.vocab_size, 24, batch=1)
+    with torch.no_grad():
+        assert torch.equal(model.eval()(ids), gptconv.load(folder)(ids))
+
+
+def test_a_quantized_gguf_comes_out_dequantized(llamas, tmp_path):
+    folder = llamas["llama3-gqa"]
+    q8 = export(str(folder), tmp_path / "q8.gguf", "gguf", "q8_0").out
+    ids = random_ids(gptconv.open_source(folder).config.vocab_size, 24, batch=1)
+    state = gptconv.state_dict(q8, "hf", dtype="bfloat16")
+    assert {t.dtype for t in state.values()} == {torch.bfloat16}
+    ours = gptconv.load(q8)
+    with torch.no_grad():
+        theirs = hf_logits(folder, {k: v.float() for k, v in gptconv.state_dict(q8, "hf").items()}, ids)
+        assert (theirs - ours(ids)).abs().max() <= FP32.atol
+
+
+def test_a_nanogpt_module_with_a_users_table(ckpts, tmp_path):
+    folder = ckpts["tiny"]
+    ids = random_ids(gptconv.open_source(folder).config.vocab_size, 24, batch=1)
+    gguf = export(str(folder), tmp_path / "m.gguf", "gguf", "f32").out
+    with torch.no_grad():
+        ours = gptconv.load(folder)(ids)
+        for source in (folder, gguf):
+            assert (nanogpt.load(str(source))(ids) - ours).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("name", ["llama3-gqa", "tied"])
+def test_a_meta_style_llama_module_with_a_users_table(llamas, tmp_path, name):
+    folder = llamas[name]
+    ids = random_ids(gptconv.open_source(folder).config.vocab_size, 24, batch=1)
+    gguf = export(str(folder), tmp_path / "m.gguf", "gguf", "f32").out
+    with torch.no_grad():
+        ours = gptconv.load(folder)(ids)
+        for source in (folder, gguf):
+            # Meta's RoPE multiplies complex pairs where ours rotates halves: FP32 rounding apart
+            assert (meta_llama.load(str(source))(ids) - ours).abs().max() <= FP32.atol
+
+
+def test_an_incomplete_table_names_the_tensors_it_leaves_out(ckpts):
+    from gptconv.convert.keymap import KeyMap
+    table = KeyMap("mine", [r for r in nanogpt.NANOGPT.rules if "mlp.c_fc" not in r.source and "ln_f" not in r.source])
+    with pytest.raises(gptconv.GptconvError) as e:
+        gptconv.state_dict(ckpts["tiny"], layout=table)
+    message = str(e.value)
+    assert "key map mine: no row takes 4 of" in message and "\n" not in message
+    for theirs, ours in [("transformer.h.{i}.mlp.c_fc.weight", "blocks.{i}.mlp.fc.weight"),
+                         ("transformer.ln_f.bias", "norm_f.bias")]:
+        assert f"'{theirs}' (ours '{ours}')" in message
+
+
+def test_an_unknown_layout_is_one_line(ckpts):
+    with pytest.raises(gptconv.GptconvError, match="layout 'meta': choose gptconv or hf, or give a KeyMap"):
+        gptconv.state_dict(ckpts["tiny"], layout="meta")
