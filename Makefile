@@ -41,6 +41,9 @@ $(LLAMA_CPP): $(STAMP)
 	$(BIN)/python -c "import llama_cpp" 2>/dev/null || CMAKE_BUILD_PARALLEL_LEVEL=2 $(BIN)/pip install -q llama-cpp-python==0.3.36
 	touch $@
 
+# two workers (pytest-xdist), a test file each at a time: one pytest process keeps a 2-core machine
+# two-thirds busy (fixtures, subprocesses, file I/O); PYTEST_ARGS="-n 0" runs in one process
+PYTEST_ARGS ?= -n 2 --dist loadfile
 test: $(STAMP) $(LLAMA_CPP) $(LLAMA_SRC)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
