@@ -64,9 +64,9 @@ class Trace(Result):
 
 
 def trace(source: str | Path, text: str | None = None, ids: str | list[int] | None = None,
-          dtype: str = "float32") -> Trace:
+          dtype: str = "float32", revision: str | None = None) -> Trace:
     """Each named step of the forward pass on ``text`` (or token ``ids``), with its shape and statistics."""
-    src = open_source(source)
+    src = open_source(source, revision)
     tok = tokenizer_or_none(src)
     prompt = encode_prompt(src, text, ids, tokenizer=tok)
     steps, logits = trace_steps(load_source(src, dtype), torch.tensor([prompt]))
@@ -90,7 +90,7 @@ class Generation(Result):
 def generate(source: str | Path, prompt: str | list[str], max_new_tokens: int = 32, *, chat: bool = False,
              temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
              stop: str | list[str] | None = None, seed: int | None = None, dtype: str = "float32",
-             on_text: Callable[[str], object] | None = None) -> Generation | list[Generation]:
+             on_text: Callable[[str], object] | None = None, revision: str | None = None) -> Generation | list[Generation]:
     """Continue ``prompt`` token by token through the KV cache (greedy unless ``temperature``; sampled
     from ``top_k`` and ``top_p``), stopping at the tokenizer's EOS or once the new text holds a ``stop``
     string (cut off the text). ``chat``: wrap the prompt as a user message in the model's chat template.
@@ -104,7 +104,7 @@ def generate(source: str | Path, prompt: str | list[str], max_new_tokens: int = 
     stops = [stop] if isinstance(stop, str) else list(stop or [])
     if any(not s for s in stops):
         raise GptconvError("a stop string cannot be empty")
-    src = open_source(source)
+    src = open_source(source, revision)
     tok = load_tokenizer(src)
     texts = [prompt] if isinstance(prompt, str) else list(prompt)
     if not texts:

@@ -61,6 +61,10 @@ def test_gated_repo_says_how_to_get_access(hub, token):
     assert r.returncode == 2
     assert "gated" in r.stderr and "HF_TOKEN" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+    if token:  # not "set HF_TOKEN": it is set, and its account lacks access
+        assert "the token in use (HF_TOKEN) has no access" in r.stderr and "then set HF_TOKEN" not in r.stderr
+    else:
+        assert "then set HF_TOKEN" in r.stderr
 
 
 def test_offline_with_nothing_cached(hub):

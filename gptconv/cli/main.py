@@ -20,6 +20,7 @@ import click
 
 from ..errors import GptconvError, first_line
 from ..output import Terminated
+from ..writers.tensors import EXPORT_DTYPES, LLAMA_QUANTS
 from . import render
 
 
@@ -106,7 +107,34 @@ def say(message: str) -> None:
     click.echo(f"gptconv: error: {' '.join(message.splitlines())}", err=True)
 
 
-@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
+EXIT_STATUSES = """\b
+Exit status: 0 done; 1 a parity check failed (verify); 2 bad input or usage, one line on stderr;
+3 an error gptconv did not expect (a bug; --debug shows the traceback); 130 interrupted; 143 terminated.
+SOURCE: a Hub repo id (owner/name), an alias (`gptconv aliases`), an HF folder, or a .gguf/.safetensors file."""
+
+
+def _versions() -> str:
+    import importlib.metadata
+
+    from .. import __version__
+    found = []
+    for package in ("torch", "transformers", "llama-cpp-python", "gguf"):
+        try:
+            found.append(f"{package} {importlib.metadata.version(package)}")
+        except importlib.metadata.PackageNotFoundError:
+            found.append(f"{package} not installed")
+    return f"gptconv {__version__} ({', '.join(found)})"
+
+
+def _print_version(ctx: click.Context, _param, value: bool) -> None:
+    if value and not ctx.resilient_parsing:
+        click.echo(_versions())
+        ctx.exit()
+
+
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXIT_STATUSES)
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
+              help="Print gptconv's version and those of torch and the references, then exit.")
 @click.option("--debug", is_flag=True, help="Show the traceback of an error.")
 @click.pass_context
 def cli(ctx: click.Context, debug: bool) -> None:
@@ -114,13 +142,53 @@ def cli(ctx: click.Context, debug: bool) -> None:
     ctx.obj = {"debug": debug}
 
 
+def example(*lines: str) -> str:
+    """A command's help epilog: its examples, kept as written."""
+    return "\b\nExamples:\n" + "\n".join(f"  {line}" for line in lines)
+
+
+@cli.command(epilog=example("gptconv aliases", "gptconv aliases --json"))
+@click.option("--json", "as_json", is_flag=True, help="Print the table as JSON.")
+def aliases(as_json: bool) -> None:
+    """The short names SOURCE accepts, and the Hub repo each stands for."""
+    from ..sources.hub import ALIASES
+    if as_json:
+        click.echo(json.dumps(ALIASES, indent=2))
+        return
+    width = max(map(len, ALIASES))
+    for name, repo in ALIASES.items():
+        click.echo(f"{name:<{width}}  {repo}")
+
+
+class DType(click.ParamType):
+    """One set of dtype names everywhere — f32, f16, bf16 (and export's q8_0, q4_k_m …) — with float32,
+    float16 and bfloat16 (fp32, fp16) taken as synonyms. ``long``: give the library torch's names."""
+
+    name = "dtype"
+    SYNONYMS = {"float32": "f32", "fp32": "f32", "float16": "f16", "fp16": "f16", "half": "f16", "bfloat16": "bf16"}
+    LONG = {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}
+
+    def __init__(self, choices: list[str], long: bool = False) -> None:
+        self.choices, self.long = choices, long
+
+    def convert(self, value, param, ctx):
+        name = self.SYNONYMS.get(str(value).lower(), str(value).lower())
+        if name not in self.choices:
+            self.fail(f"'{value}': choose {', '.join(self.choices)} (float32, float16, bfloat16 are f32, f16, bf16)",
+                      param, ctx)
+        return self.LONG.get(name, name) if self.long else name
+
+    def get_metavar(self, param, ctx=None) -> str:
+        return "[" + "|".join(self.choices) + "]"
+
+
 source_arg = click.argument("source")
 revision_opt = click.option("--revision", default=None, help="Hub branch, tag or commit.")
-dtype_opt = click.option("--dtype", default="float32", show_default=True,
-                         type=click.Choice(["float32", "bfloat16", "float16"]))
+dtype_opt = click.option("--dtype", default="f32", show_default=True, type=DType(["f32", "bf16", "f16"], long=True),
+                         help="The dtype the model computes in (float32, bfloat16, float16 are synonyms).")
 
 
-@cli.command()
+@cli.command(epilog=example('gptconv pull gpt2', 'gptconv pull HuggingFaceTB/SmolLM2-135M --revision main'))
 @source_arg
 @revision_opt
 def pull(source: str, revision: str | None) -> None:
@@ -129,18 +197,19 @@ def pull(source: str, revision: str | None) -> None:
     render.pull_summary(pull_(source, revision))
 
 
-@cli.command()
+@cli.command(epilog=example('gptconv trace gpt2 "The capital of France is"', 'gptconv trace model.gguf --ids 464,3139,286'))
 @source_arg
 @click.argument("text", required=False)
 @click.option("--ids", default=None, help="Token ids instead of TEXT, e.g. '464,3139,286'.")
 @dtype_opt
-def trace(source: str, text: str | None, ids: str | None, dtype: str) -> None:
+@revision_opt
+def trace(source: str, text: str | None, ids: str | None, dtype: str, revision: str | None) -> None:
     """Print each named step of the forward pass on TEXT, with its shape and statistics."""
     from ..api import trace as trace_
-    render.trace(trace_(source, text, ids, dtype))
+    render.trace(trace_(source, text, ids, dtype, revision))
 
 
-@cli.command()
+@cli.command(epilog=example('gptconv generate gpt2 "Once upon a time" -n 40', 'gptconv generate smollm2-135m "Hi" --temperature 0.8 --top-p 0.95 --seed 0 --stop "\\\\n\\\\n"'))
 @source_arg
 @click.argument("prompt")
 @click.option("--max-new-tokens", "-n", default=32, show_default=True, type=click.IntRange(1, 1 << 20))
@@ -153,16 +222,19 @@ def trace(source: str, text: str | None, ids: str | None, dtype: str) -> None:
 @click.option("--seed", default=None, type=SEED, help="Seed for sampling.")
 @click.option("--chat", is_flag=True, help="Wrap PROMPT as a user message in the model's chat template.")
 @dtype_opt
+@revision_opt
 def generate(source: str, prompt: str, max_new_tokens: int, temperature: float, top_k: int | None,
-             top_p: float | None, stop: tuple[str, ...], seed: int | None, chat: bool, dtype: str) -> None:
+             top_p: float | None, stop: tuple[str, ...], seed: int | None, chat: bool, dtype: str,
+             revision: str | None) -> None:
     """Continue PROMPT, token by token with the KV cache (greedy by default)."""
     from ..api import generate as generate_
     generate_(source, prompt, max_new_tokens, chat=chat, temperature=temperature, top_k=top_k, top_p=top_p,
-              stop=list(stop), seed=seed, dtype=dtype, on_text=lambda piece: click.echo(piece, nl=False))
+              stop=list(stop), seed=seed, dtype=dtype, revision=revision,
+              on_text=lambda piece: click.echo(piece, nl=False))
     click.echo()
 
 
-@cli.command()
+@cli.command(epilog=example('gptconv verify gpt2', 'gptconv verify llama-3.2-1b --dtype bf16', 'gptconv verify model.gguf --against llama.cpp'))
 @source_arg
 @dtype_opt
 @click.option("--length", default=None, type=click.IntRange(1), help="Random-input length [full context, ≤ 1024].")
@@ -192,12 +264,12 @@ def verify(source: str, dtype: str, length: int | None, seed: int, reference_fil
     sys.exit(0 if report.passed else 1)
 
 
-@cli.command()
+@cli.command(epilog=example('gptconv reference gpt2 -o gpt2.ref.safetensors', 'gptconv verify gpt2 --reference gpt2.ref.safetensors'))
 @source_arg
 @click.option("-o", "--output", required=True, type=click.Path(path_type=Path, dir_okay=False))
 @click.option("--length", default=None, type=click.IntRange(1))
 @click.option("--seed", default=0, show_default=True, type=SEED)
-@click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "bfloat16", "float16"]),
+@click.option("--dtype", default="f32", show_default=True, type=DType(["f32", "bf16", "f16"], long=True),
               help="Also record the reference's own run in this dtype, for `verify --dtype` of the same.")
 @revision_opt
 @click.option("--force", is_flag=True, help="Replace an existing output.")
@@ -209,10 +281,11 @@ def reference(source: str, output: Path, length: int | None, seed: int, dtype: s
     click.echo(f"wrote {path} ({path.stat().st_size:,} bytes)")
 
 
-@cli.command()
+@cli.command(epilog=example('gptconv export gpt2 --format safetensors -o gpt2-hf', 'gptconv export smollm2-135m --format gguf --dtype q4_k_m -o s.gguf --check alice.txt'))
 @source_arg
 @click.option("--format", "fmt", required=True, type=click.Choice(["safetensors", "gguf"]))
-@click.option("--dtype", default="f32", show_default=True,
+@click.option("--dtype", default="f32", show_default=True, metavar="DTYPE",
+              type=DType([*EXPORT_DTYPES, *LLAMA_QUANTS]),
               help="f32, f16, bf16, q8_0; GGUF also q4_0 q4_1 q5_0 q5_1 q2_k q3_k_s q3_k_m q3_k_l q4_k_s q4_k_m "
                    "q5_k_s q5_k_m q6_k, made by llama.cpp's own quantizer (gptconv[llama-cpp]) by its rules.")
 @click.option("-o", "--output", required=True, type=click.Path(path_type=Path))
@@ -243,7 +316,7 @@ def export(source: str, fmt: str, dtype: str, output: Path, max_shard_bytes: int
             render.perplexity(summary.check)
 
 
-@cli.command()
+@cli.command(epilog=example('gptconv perplexity gpt2 wiki.txt --ctx 512', 'gptconv perplexity s.q4_k_m.gguf wiki.txt --against smollm2-135m --in llama.cpp'))
 @source_arg
 @click.argument("text_file", type=click.Path(path_type=Path))
 @click.option("--ctx", default=512, show_default=True, type=click.IntRange(4), help="Window length in tokens.")
@@ -279,7 +352,7 @@ def window_progress(quiet: bool) -> Iterator[Callable[[int, int], None]]:
         yield progress
 
 
-@cli.command()
+@cli.command(epilog=example('gptconv inspect model.gguf', 'gptconv inspect ./gpt2-hf --json'))
 @click.argument("path", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True)
 def inspect(path: Path, as_json: bool) -> None:

@@ -30,8 +30,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx2
-from huggingface_hub import (HfApi, constants, file_download, get_hf_file_metadata, hf_hub_url, snapshot_download,
-                             try_to_load_from_cache)
+from huggingface_hub import (HfApi, constants, file_download, get_hf_file_metadata, get_token, hf_hub_url,
+                             snapshot_download, try_to_load_from_cache)
 from huggingface_hub._revision import ResolvedRevision
 from huggingface_hub.file_download import http_get, repo_folder_name
 from huggingface_hub.utils import WeakFileLock, build_hf_headers
@@ -137,6 +137,9 @@ def fetch(repo_id: str, revision: str | None = None, prefer_cache: bool = False)
     except GptconvError as e:
         raise GptconvError(f"{label}: {e}") from None
     except GatedRepoError:
+        if get_token() is not None:  # a token was sent and the Hub still refused: its account has no access
+            raise GptconvError(f"{label}: the repo is gated and the token in use ({_token_origin()}) has no "
+                               "access to it: request access on its Hub page with that account") from None
         raise GptconvError(f"{label}: the repo is gated: request access on its Hub page, then set HF_TOKEN "
                            "or run `hf auth login`") from None
     except RevisionNotFoundError:
@@ -286,6 +289,10 @@ def _quiet(function) -> Iterator[None]:
         yield
     finally:
         logger.setLevel(level)
+
+
+def _token_origin() -> str:
+    return "HF_TOKEN" if os.environ.get("HF_TOKEN") else f"the one `hf auth login` saved in {constants.HF_TOKEN_PATH}"
 
 
 def _status(e: HfHubHTTPError) -> str:

@@ -1,0 +1,71 @@
+"""The command line as a new user meets it: --version, help with examples and exit statuses, the
+aliases, one set of dtype names (with the long ones as synonyms), --revision wherever a SOURCE is."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import click
+import pytest
+
+from gptconv.cli.main import cli
+from gptconv.sources.hub import ALIASES
+from helpers import run_cli
+
+
+def test_version_names_gptconv_torch_and_the_references():
+    r = run_cli("--version")
+    assert r.returncode == 0 and r.stdout.startswith("gptconv 0.1.0 (torch 2.13.0") and "transformers" in r.stdout
+
+
+def test_help_gives_exit_statuses_and_every_command_an_example():
+    r = run_cli("--help")
+    assert r.returncode == 0 and "Exit status: 0 done; 1 a parity check failed" in r.stdout and "gptconv aliases" in r.stdout
+    for name in cli.commands:
+        r = run_cli(name, "--help")
+        assert r.returncode == 0 and "Examples:" in r.stdout and f"gptconv {name}" in r.stdout, name
+
+
+def test_aliases_are_listed():
+    r = run_cli("aliases")
+    assert r.returncode == 0 and "gpt2" in r.stdout and "openai-community/gpt2" in r.stdout
+    assert json.loads(run_cli("aliases", "--json").stdout) == ALIASES
+
+
+def test_every_command_that_takes_a_source_takes_a_revision():
+    for name, command in cli.commands.items():
+        params = {p.name for p in command.params}
+        if "source" in params:
+            assert "revision" in params, name
+
+
+def test_one_set_of_dtype_names_with_the_long_ones_as_synonyms(ckpts, tmp_path):
+    tiny = ckpts["tiny"]
+    short, long = run_cli("trace", tiny, "--ids", "1,2,3", "--dtype", "bf16"), run_cli("trace", tiny, "--ids", "1,2,3",
+                                                                                         "--dtype", "bfloat16")
+    assert short.returncode == 0 and short.stdout == long.stdout
+    assert short.stdout != run_cli("trace", tiny, "--ids", "1,2,3").stdout  # bf16 was used
+    digests = []
+    for name in ("f16", "float16", "FP16"):
+        (tmp_path / name).mkdir()
+        out = tmp_path / name / "m.gguf"  # the same file name: GGUF's general.name is its stem
+        r = run_cli("export", tiny, "--format", "gguf", "--dtype", name, "-o", out)
+        assert r.returncode == 0, r.stderr
+        digests.append(hashlib.sha256(out.read_bytes()).hexdigest())
+    assert len(set(digests)) == 1
+    r = run_cli("trace", tiny, "--ids", "1", "--dtype", "q4_k_m")  # a storage type, not a compute dtype
+    assert r.returncode == 2 and "choose f32, bf16, f16" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("command", ["trace", "generate"])
+def test_revision_reaches_the_hub_for_trace_and_generate(command):
+    r = run_cli(command, "gpt2", "x", "--revision", "v2", env={"HF_HUB_OFFLINE": "1", "HF_HOME": "/nonexistent"})
+    assert r.returncode == 2 and "openai-community/gpt2@v2: HF_HUB_OFFLINE is set" in r.stderr, r.stderr
+
+
+def test_click_sees_the_dtype_type():
+    from gptconv.cli.main import DType
+    assert DType(["f32"], long=True).convert("FLOAT32", None, None) == "float32"
+    with pytest.raises(click.BadParameter):
+        DType(["f32"]).convert("f64", None, None)
