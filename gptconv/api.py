@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from .decoding import generate_batch, generate_tokens
+from .devices import parse_device
 from .errors import GptconvError, NoTokenizer, where
 from .loader import Source, load_source, open_source, parse_dtype
 from .output import check_output
@@ -64,12 +65,13 @@ class Trace(Result):
 
 
 def trace(source: str | Path, text: str | None = None, ids: str | list[int] | None = None,
-          dtype: str = "float32", revision: str | None = None) -> Trace:
+          dtype: str = "float32", revision: str | None = None, device: str = "cpu") -> Trace:
     """Each named step of the forward pass on ``text`` (or token ``ids``), with its shape and statistics."""
+    device = parse_device(device)
     src = open_source(source, revision)
     tok = tokenizer_or_none(src)
     prompt = encode_prompt(src, text, ids, tokenizer=tok)
-    steps, logits = trace_steps(load_source(src, dtype), torch.tensor([prompt]))
+    steps, logits = trace_steps(load_source(src, dtype, device), torch.tensor([prompt]))
     top = torch.topk(torch.softmax(logits[0, -1].float(), -1), 5)
     words = [tok.decode([int(i)]) if tok is not None else None for i in top.indices]
     return Trace(str(source), src.arch, src.config, prompt, steps,
@@ -90,7 +92,8 @@ class Generation(Result):
 def generate(source: str | Path, prompt: str | list[str], max_new_tokens: int = 32, *, chat: bool = False,
              temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
              stop: str | list[str] | None = None, seed: int | None = None, dtype: str = "float32",
-             on_text: Callable[[str], object] | None = None, revision: str | None = None) -> Generation | list[Generation]:
+             on_text: Callable[[str], object] | None = None, revision: str | None = None,
+             device: str = "cpu") -> Generation | list[Generation]:
     """Continue ``prompt`` token by token through the KV cache (greedy unless ``temperature``; sampled
     from ``top_k`` and ``top_p``), stopping at the tokenizer's EOS or once the new text holds a ``stop``
     string (cut off the text). ``chat``: wrap the prompt as a user message in the model's chat template.
@@ -101,6 +104,7 @@ def generate(source: str | Path, prompt: str | list[str], max_new_tokens: int = 
     prompt the tokens it gets alone (greedy: the same tokens), each stopping on its own."""
     if top_p is not None and not 0.0 < top_p <= 1.0:
         raise GptconvError(f"--top-p {top_p}: use a probability in (0, 1]")
+    device = parse_device(device)
     stops = [stop] if isinstance(stop, str) else list(stop or [])
     if any(not s for s in stops):
         raise GptconvError("a stop string cannot be empty")
@@ -112,7 +116,7 @@ def generate(source: str | Path, prompt: str | list[str], max_new_tokens: int = 
     # a chat template writes its own BOS ({{ bos_token }}), as transformers' apply_chat_template assumes
     texts = [tok.apply_chat_template([{"role": "user", "content": t}]) if chat else t for t in texts]
     prompt_ids = [encode_prompt(src, t, None, add_special_tokens=not chat, tokenizer=tok) for t in texts]
-    model = load_source(src, dtype)
+    model = load_source(src, dtype, device)
     eos = {tok.eos_id} if tok.eos_id is not None else set()
     options = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop_ids=eos)
 
@@ -191,13 +195,15 @@ REFERENCES = ("transformers", "llama.cpp")
 
 def verify(source: str | Path, dtype: str = "float32", length: int | None = None, seed: int = 0,
                   reference_file: Path | None = None, revision: str | None = None,
-                  blockwise: bool | None = None, against: str = "transformers") -> Report:
+                  blockwise: bool | None = None, against: str = "transformers", device: str = "cpu") -> Report:
     """Our model against a reference: transformers (live), llama.cpp (a GGUF file), or a recorded file.
 
     At float16 / bfloat16 the reference also runs in that dtype, and ours is judged against the
     reference's own error (``parity.LOW_PRECISION_FACTOR``). ``blockwise``: run both models one block
     at a time (``gptconv.blockwise``); by default, when they would not fit in memory side by side.
+    ``device``: where both models run (the comparison is on the CPU; llama.cpp runs on the CPU).
     """
+    device = parse_device(device)
     if against not in REFERENCES:
         raise GptconvError(f"--against '{against}': choose {' or '.join(REFERENCES)}")
     dt = parse_dtype(dtype)
@@ -215,14 +221,14 @@ def verify(source: str | Path, dtype: str = "float32", length: int | None = None
         asked = length
         if window is not None and length is None:
             length = min(window, _length(src, None))  # llama.cpp attends past the window: compare within it
-        report = verify_gguf(src, load_source(src, dt), _inputs(src, length, seed))
+        report = verify_gguf(src, load_source(src, dt, device), _inputs(src, length, seed))
         if window is not None and (asked is None or asked > window):
             report.notes.append(f"llama.cpp attends past this model's sliding window ({window}), transformers and "
                                 f"gptconv do not: " + ("compared within the window" if asked is None else
                                                       "past it the two differ by design"))
         return report
     if reference_file is not None:
-        model = load_source(src, dt)
+        model = load_source(src, dt, device)
         inputs, runs, meta = read_reference(Path(reference_file))
         if meta.get("arch") != src.arch:
             raise where(reference_file, f"records a '{meta.get('arch')}' model, the source is '{src.arch}'")
@@ -234,12 +240,12 @@ def verify(source: str | Path, dtype: str = "float32", length: int | None = None
         return compare(model, inputs, lambda n, ids: runs["float32"][n], source, f"recorded: {reference_file}",
                        reference_at_dtype=(lambda n, ids: runs[name][n]) if low else None)
     if blockwise is None:
-        blockwise = src.format == "hf" and _too_big_for_two(src, dt)
+        blockwise = device.type == "cpu" and src.format == "hf" and _too_big_for_two(src, dt)
     if blockwise:
         src = open_source(source, revision, backend="per-tensor")  # each block's tensors unmapped when dropped
-    model = load_source(src, dt, blockwise=blockwise)
-    hf = transformers_model(src, torch.float32, blockwise=blockwise)  # an fp32 folder in fp32: weights in memory once
-    hf_low = transformers_model(src, dt, blockwise=blockwise) if low else None
+    model = load_source(src, dt, device, blockwise=blockwise)
+    hf = transformers_model(src, torch.float32, blockwise=blockwise).to(device)  # an fp32 folder in fp32, on the
+    hf_low = transformers_model(src, dt, blockwise=blockwise).to(device) if low else None  # CPU: weights in memory once
     inputs = _inputs(src, length, seed)
     import transformers
     run = lambda m: lambda n, ids: reference_steps(m, src.arch, src.config.n_layers, ids)  # noqa: E731
@@ -330,13 +336,15 @@ def export(source: str | Path, out: str | Path, format: str = "safetensors", dty
 
 def perplexity(source: str | Path, text_file: str | Path, ctx: int = 512, against: str | Path | None = None,
                dtype: str = "float32", revision: str | None = None,
-               on_window: Callable[[int, int], None] = lambda n, total: None, engine: str = "gptconv") -> Perplexity:
+               on_window: Callable[[int, int], None] = lambda n, total: None, engine: str = "gptconv",
+               device: str = "cpu") -> Perplexity:
     """Perplexity of SOURCE on a text file as llama.cpp's llama-perplexity scores it (``perplexity.py``);
     ``against``: a base model (the same tokenizer, run here in float32) whose next-token distributions
     this one is compared with: KL divergence, top-1 agreement, Δ perplexity. ``engine="llama.cpp"``
     runs SOURCE, a GGUF file, in llama.cpp as stored (its quantized kernels, its tokenizer)."""
     if engine not in ENGINES:
         raise GptconvError(f"--in {engine}: choose {' or '.join(ENGINES)}")
+    device = parse_device(device)
     text_file = Path(text_file)
     text = read_text(text_file, JSON_LIMIT)
     src = open_source(source, revision)
@@ -345,8 +353,9 @@ def perplexity(source: str | Path, text_file: str | Path, ctx: int = 512, agains
         ids = tok.encode(text)
         adds_bos = tok.bos_id is not None and ids[:1] == [tok.bos_id] and tok.encode(text, False)[:1] != [tok.bos_id]
         check_windows(ids, ctx, src.config.context_length, text_file)
-        base = _perplexity_base(against, revision, text, ids, src.config.vocab_size, ctx, text_file)
-        m = measure(load_source(src, parse_dtype(dtype)), ids, ctx, tok.bos_id if adds_bos else None, base, on_window)
+        base = _perplexity_base(against, revision, text, ids, src.config.vocab_size, ctx, text_file, device)
+        m = measure(load_source(src, parse_dtype(dtype), device), ids, ctx, tok.bos_id if adds_bos else None, base,
+                    on_window)
         return summarize(str(source), str(text_file), ctx, m, None if against is None else str(against),
                          f"gptconv, {parse_dtype(dtype)}".replace("torch.", ""))
     from .llamacpp import LlamaCpp, library, version
@@ -358,7 +367,7 @@ def perplexity(source: str | Path, text_file: str | Path, ctx: int = 512, agains
     with LlamaCpp(src.path, ctx) as llm:
         ids = llm.tokenize(text)
         check_windows(ids, ctx, src.config.context_length, text_file)
-        base = _perplexity_base(against, revision, text, ids, src.config.vocab_size, ctx, text_file)
+        base = _perplexity_base(against, revision, text, ids, src.config.vocab_size, ctx, text_file, device)
 
         def run(window: torch.Tensor) -> torch.Tensor:
             return torch.from_numpy(llm.logits(window[0].tolist()))[None]
@@ -369,7 +378,7 @@ def perplexity(source: str | Path, text_file: str | Path, ctx: int = 512, agains
 
 
 def _perplexity_base(against: str | Path | None, revision: str | None, text: str, ids: list[int], vocab_size: int,
-                     ctx: int, text_file: Path) -> torch.nn.Module | None:
+                     ctx: int, text_file: Path, device: torch.device) -> torch.nn.Module | None:
     """The base model of a comparison, in float32, when its tokenizer splits the text into the same ids."""
     if against is None:
         return None
@@ -378,7 +387,7 @@ def _perplexity_base(against: str | Path | None, revision: str | None, text: str
         raise GptconvError(f"--against {against}: its tokenizer does not split the text into the same tokens; "
                            "the two cannot be compared token by token")
     check_windows(ids, ctx, base_src.config.context_length, text_file)
-    return load_source(base_src, torch.float32)
+    return load_source(base_src, torch.float32, device)
 
 
 def _inputs(src: Source, length: int | None, seed: int) -> dict:

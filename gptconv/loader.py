@@ -18,6 +18,7 @@ from .convert import GGUF_ARCHS, HF_FAMILIES, KeyMap, Plan, TensorInfo, model_sh
 from .sources.hf_folder import open_hf_folder
 from .sources.gguf_file import GGUFFile, open_gguf
 from .sources.hub import fetch, repo_id_for
+from .devices import parse_device
 from .errors import GptconvError
 from .sources.files import UNLIMITED, regular_file
 from .models import build_empty
@@ -106,15 +107,18 @@ def load_source(src: Source, dtype: str | torch.dtype = torch.float32, device: s
     """Our model for an opened source. ``blockwise``: each block's weights are read just before it
     runs and dropped after (see ``gptconv.blockwise``), for models too large to hold twice."""
     dtype = parse_dtype(dtype)
+    device = parse_device(device)
     model = build_empty(src.config)
     plan = src.plan(model_shapes(model))
     src.layout = plan.layout
     if blockwise:
+        if device.type != "cpu":
+            raise GptconvError(f"{src.name}: a model run one block at a time runs on the CPU, not {device}")
         from .blockwise import fill_blockwise
         model = fill_blockwise(model, [f"blocks.{i}" for i in range(src.config.n_layers)],
                               lambda name: plan.tensor(name, dtype))
-    else:
-        model.load_state_dict(dict(plan.tensors(dtype)), strict=True, assign=True)
+    else:  # each tensor to the device as it is read: no CPU copy of the model (on the CPU, the mapped file)
+        model.load_state_dict({name: t.to(device) for name, t in plan.tensors(dtype)}, strict=True, assign=True)
         model = model.to(device)
     model.source = src
     return model.eval()

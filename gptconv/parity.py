@@ -121,8 +121,8 @@ def our_steps(model: nn.Module, ids: torch.Tensor, wanted: set[str]) -> dict[str
 
     def tap(name: str, x: torch.Tensor) -> None:
         if name in wanted:
-            steps[name] = x.detach().float()
-    model(ids, tap=tap)
+            steps[name] = x.detach().float().cpu()  # compared on the CPU, whatever the model runs on
+    model(ids.to(next(model.parameters()).device), tap=tap)
     return steps
 
 

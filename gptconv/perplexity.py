@@ -76,8 +76,10 @@ def check_windows(ids: list[int], ctx: int, context_length: int, origin: object,
 def log_probs(model: Model, window: torch.Tensor) -> torch.Tensor:
     """(ctx/2 − 1, V) float32 log-probabilities of the positions a window scores."""
     ctx = window.size(1)
+    if isinstance(model, nn.Module):
+        window = window.to(next(model.parameters()).device)
     logits = model(window)[0, ctx // 2:ctx - 1]                # (ctx/2 − 1, V)
-    return F.log_softmax(logits.float(), dim=-1)
+    return F.log_softmax(logits.float(), dim=-1).cpu()
 
 
 def measure(model: Model, ids: list[int], ctx: int, bos_id: int | None, base: Model | None = None,

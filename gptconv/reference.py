@@ -184,10 +184,10 @@ def reference_steps(hf_model: nn.Module, arch: str, n_layers: int, ids: torch.Te
             name = step.format(i=i)
 
             def hook(_m, _inp, out, name=name):
-                steps[name] = (out[0] if isinstance(out, tuple) else out).detach().float()
+                steps[name] = (out[0] if isinstance(out, tuple) else out).detach().float().cpu()
             hooks.append(modules[module.format(i=i)].register_forward_hook(hook))
     try:
-        steps["logits"] = hf_model(ids, use_cache=False).logits.float()
+        steps["logits"] = hf_model(ids.to(hf_model.device), use_cache=False).logits.float().cpu()
     finally:
         for h in hooks:
             h.remove()

@@ -27,7 +27,7 @@ def _step(name: str, x: torch.Tensor) -> Step:
 def trace_steps(model: nn.Module, ids: torch.Tensor) -> tuple[list[Step], torch.Tensor]:
     """Run ``model`` on ids (B, T); return its steps (ids first, logits last) and the logits."""
     steps = [_step("ids", ids)]
-    logits = model(ids, tap=lambda name, x: steps.append(_step(name, x)))
+    logits = model(ids.to(next(model.parameters()).device), tap=lambda name, x: steps.append(_step(name, x)))
     return steps, logits
 
 

@@ -72,9 +72,11 @@ def case_prefill(peer: str, folder: Path, opts: dict) -> dict:
 
 
 def case_decode(peer: str, folder: Path, opts: dict) -> dict:
-    """``new_tokens`` (128) greedy tokens after a 16-token prompt; tokens/s over the whole call, prefill included."""
+    """``new_tokens`` (128) greedy tokens after a 16-token prompt; tokens/s over the whole call, prefill included.
+    ``device`` and ``dtype`` (cpu, float32 by default) for gptconv and transformers (scripts/device-check.sh)."""
     import torch
     new_tokens = opts.get("new_tokens", NEW_TOKENS)
+    device, dtype = opts.get("device", "cpu"), getattr(torch, opts.get("dtype", "float32"))
     if peer == "llama.cpp":
         from llama_cpp import Llama
         llm = Llama(str(folder / "model-f32.gguf"), n_ctx=PROMPT_LEN + new_tokens + 8, n_threads=torch.get_num_threads(),
@@ -91,12 +93,12 @@ def case_decode(peer: str, folder: Path, opts: dict) -> dict:
     elif peer == "gptconv":
         import gptconv
         from gptconv.decoding import generate_ids as generate
-        model = gptconv.load(folder)
+        model = gptconv.load(folder, dtype=dtype, device=device)
         prompt = ids(model.config.vocab_size, PROMPT_LEN)[0].tolist()
         run = lambda n: generate(model, prompt, n)  # noqa: E731
     else:
-        model = hf_model(folder, torch.float32)
-        x = ids(model.config.vocab_size, PROMPT_LEN)
+        model = hf_model(folder, dtype).to(device)
+        x = ids(model.config.vocab_size, PROMPT_LEN).to(device)
 
         def run(n: int) -> list[int]:
             out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, min_new_tokens=n,

@@ -184,6 +184,8 @@ class DType(click.ParamType):
 
 source_arg = click.argument("source")
 revision_opt = click.option("--revision", default=None, help="Hub branch, tag or commit.")
+device_opt = click.option("--device", default="cpu", show_default=True, metavar="cpu|cuda[:N]|mps|auto",
+                          help="Where the model runs (auto: cuda, else mps, else cpu).")
 dtype_opt = click.option("--dtype", default="f32", show_default=True, type=DType(["f32", "bf16", "f16"], long=True),
                          help="The dtype the model computes in (float32, bfloat16, float16 are synonyms).")
 
@@ -202,11 +204,12 @@ def pull(source: str, revision: str | None) -> None:
 @click.argument("text", required=False)
 @click.option("--ids", default=None, help="Token ids instead of TEXT, e.g. '464,3139,286'.")
 @dtype_opt
+@device_opt
 @revision_opt
-def trace(source: str, text: str | None, ids: str | None, dtype: str, revision: str | None) -> None:
+def trace(source: str, text: str | None, ids: str | None, dtype: str, device: str, revision: str | None) -> None:
     """Print each named step of the forward pass on TEXT, with its shape and statistics."""
     from ..api import trace as trace_
-    render.trace(trace_(source, text, ids, dtype, revision))
+    render.trace(trace_(source, text, ids, dtype, revision, device))
 
 
 @cli.command(epilog=example('gptconv generate gpt2 "Once upon a time" -n 40', 'gptconv generate smollm2-135m "Hi" --temperature 0.8 --top-p 0.95 --seed 0 --stop "\\\\n\\\\n"'))
@@ -222,14 +225,15 @@ def trace(source: str, text: str | None, ids: str | None, dtype: str, revision: 
 @click.option("--seed", default=None, type=SEED, help="Seed for sampling.")
 @click.option("--chat", is_flag=True, help="Wrap PROMPT as a user message in the model's chat template.")
 @dtype_opt
+@device_opt
 @revision_opt
 def generate(source: str, prompt: str, max_new_tokens: int, temperature: float, top_k: int | None,
-             top_p: float | None, stop: tuple[str, ...], seed: int | None, chat: bool, dtype: str,
+             top_p: float | None, stop: tuple[str, ...], seed: int | None, chat: bool, dtype: str, device: str,
              revision: str | None) -> None:
     """Continue PROMPT, token by token with the KV cache (greedy by default)."""
     from ..api import generate as generate_
     generate_(source, prompt, max_new_tokens, chat=chat, temperature=temperature, top_k=top_k, top_p=top_p,
-              stop=list(stop), seed=seed, dtype=dtype, revision=revision,
+              stop=list(stop), seed=seed, dtype=dtype, revision=revision, device=device,
               on_text=lambda piece: click.echo(piece, nl=False))
     click.echo()
 
@@ -247,16 +251,17 @@ def generate(source: str, prompt: str, max_new_tokens: int, temperature: float, 
 @click.option("--against", default="transformers", show_default=True, type=click.Choice(["transformers", "llama.cpp"]),
               help="The reference: transformers, or llama.cpp (llama-cpp-python) for a GGUF file.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@device_opt
 @revision_opt
 def verify(source: str, dtype: str, length: int | None, seed: int, reference_file: Path | None, stream: bool | None,
-           against: str, as_json: bool, revision: str | None) -> None:
+           against: str, as_json: bool, device: str, revision: str | None) -> None:
     """Check our logits against a reference, step by step; exit 1 if parity fails.
 
     At float16 / bfloat16 the reference runs in float32 and in that dtype, and ours passes when it
     is as close to the float32 reference as the reference's own run in that dtype (within a factor).
     """
     from ..api import verify as verify_
-    report = verify_(source, dtype, length, seed, reference_file, revision, stream, against)
+    report = verify_(source, dtype, length, seed, reference_file, revision, stream, against, device)
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2, allow_nan=False))
     else:
@@ -326,15 +331,16 @@ def export(source: str, fmt: str, dtype: str, output: Path, max_shard_bytes: int
               help="What runs SOURCE: gptconv (dequantized weights, --dtype), or llama.cpp (a GGUF file as "
                    "stored, its kernels and tokenizer; gptconv[llama-cpp]).")
 @dtype_opt
+@device_opt
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @revision_opt
-def perplexity(source: str, text_file: Path, ctx: int, against: str | None, engine: str, dtype: str, as_json: bool,
-               revision: str | None) -> None:
+def perplexity(source: str, text_file: Path, ctx: int, against: str | None, engine: str, dtype: str, device: str,
+               as_json: bool, revision: str | None) -> None:
     """Perplexity on TEXT_FILE as llama.cpp's llama-perplexity scores it: windows of --ctx tokens, the
     second half of each scored."""
     from ..api import perplexity as perplexity_
     with window_progress(as_json) as progress:
-        result = perplexity_(source, text_file, ctx, against, dtype, revision, progress, engine)
+        result = perplexity_(source, text_file, ctx, against, dtype, revision, progress, engine, device)
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2, allow_nan=False))
     else:

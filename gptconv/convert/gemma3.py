@@ -55,6 +55,7 @@ def gemma3_config_from_hf(data: dict[str, Any], origin: object) -> Gemma3Config:
         rope_scaling=scaling,
         rope_local_theta=local_theta,
         final_logit_softcapping=f.float("final_logit_softcapping", None),
+        attention_dropout=f.float("attention_dropout", 0.0),
     )
 
 
@@ -111,6 +112,7 @@ def gemma3_config_to_hf(c: Gemma3Config) -> dict[str, Any]:
         "final_logit_softcapping": c.final_logit_softcapping, "attn_logit_softcapping": None,
         "attention_bias": False, "tie_word_embeddings": True, "use_bidirectional_attention": False,
         "bos_token_id": c.bos_token_id, "eos_token_id": c.eos_token_id, "pad_token_id": None,
+        "attention_dropout": c.attention_dropout,
     }
 
 

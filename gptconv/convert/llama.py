@@ -76,6 +76,9 @@ def llama_config_from_hf(data: dict[str, Any], origin: object) -> LlamaConfig:
     experts = {}
     if model_type == "mixtral":
         experts = dict(n_experts=f.int("num_local_experts"), n_experts_used=f.int("num_experts_per_tok"))
+    # dropouts and noise that act in training only, which our modules do not have
+    untrained = tuple(f"{name} {f.data[name]}" for name in ("resid_pdrop", "embd_pdrop", "router_jitter_noise")
+                      if f.float(name, 0.0))
     return build_config(
         LlamaConfig, f,
         **f.common(context_length="max_position_embeddings", d_model="hidden_size", n_layers="num_hidden_layers",
@@ -92,6 +95,8 @@ def llama_config_from_hf(data: dict[str, Any], origin: object) -> LlamaConfig:
         mlp_bias=f.bool("mlp_bias", False) if model_type == "llama" else False,  # only Llama has the option
         sliding_window=_sliding_window(f, model_type, defaults),
         qk_norm=model_type == "qwen3",
+        attention_dropout=f.float("attention_dropout", 0.0),
+        unsupported_in_training=untrained,
         family=model_type,
         **experts,
     )
@@ -158,7 +163,7 @@ def llama_config_to_hf(c: LlamaConfig) -> dict[str, Any]:
         "intermediate_size": c.d_ff, "head_dim": c.head_dim, "rms_norm_eps": c.norm_eps, "hidden_act": "silu",
         "rope_parameters": rope, "tie_word_embeddings": c.tie_embeddings, "attention_bias": c.qkv_bias,
         "mlp_bias": c.mlp_bias, "bos_token_id": c.bos_token_id, "eos_token_id": c.eos_token_id,
-        "sliding_window": c.sliding_window, "pad_token_id": None,
+        "sliding_window": c.sliding_window, "pad_token_id": None, "attention_dropout": c.attention_dropout,
     }
     if kind == "mixtral":  # as transformers writes Mixtral's config: no head_dim unless it is not d / heads
         out.update(num_local_experts=c.n_experts, num_experts_per_tok=c.n_experts_used)

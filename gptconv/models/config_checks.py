@@ -28,3 +28,14 @@ def check_rope_heads(cfg: object) -> None:
         raise ValueError(f"n_heads = {cfg.n_heads} is not a multiple of n_kv_heads = {cfg.n_kv_heads}")
     if cfg.head_dim % 2:
         raise ValueError(f"head_dim = {cfg.head_dim} is odd: RoPE rotates pairs")
+
+
+def refuse_training(cfg: object, mode: bool) -> None:
+    """``model.train()`` on a config with training-time features gptconv does not implement: an error
+    naming them (inference is exact without them; in train mode the model would differ from the
+    reference)."""
+    missing = getattr(cfg, "unsupported_in_training", ())
+    if mode and missing:
+        from ..errors import GptconvError
+        raise GptconvError(f"train mode: this checkpoint's config asks for {', '.join(missing)}, which gptconv does "
+                           "not implement (inference is exact without them); set them to 0 to train without")

@@ -51,6 +51,7 @@ class Gemma3Config:
     rope_scaling: RopeScaling | None = None  # global layers (linear, factor 8, on the 4B and larger)
     rope_local_theta: float = 10_000.0  # local layers, never scaled
     final_logit_softcapping: float | None = None  # Gemma 2: logits = c · tanh(logits / c); Gemma 3: None
+    attention_dropout: float = 0.0  # on the attention weights, in train mode only
     bos_token_id: int | None = None
     eos_token_id: int | None = None
 
@@ -63,6 +64,7 @@ class Gemma3Config:
         check_range(self, ("norm_eps",), 0.0, 1.0, low_open=True)
         check_range(self, ("rope_theta", "rope_local_theta"), 0.0, 1e12, low_open=True)
         check_range(self, ("query_pre_attn_scalar",), 0.0, 1e9, low_open=True)
+        check_range(self, ("attention_dropout",), 0.0, 1.0)
         if self.final_logit_softcapping is not None:
             check_range(self, ("final_logit_softcapping",), 0.0, 1e9, low_open=True)
         check_rope_heads(self)
@@ -175,6 +177,7 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(c.head_dim, c.norm_eps)
         self.window = c.sliding_window if c.layer_types[layer] == SLIDING else None
         self.scale = c.query_pre_attn_scalar**-0.5
+        self.dropout = c.attention_dropout
 
     def forward(self, x, cos, sin, layer: int, cache: KVCache | None, tap: Tap = no_tap,
                 pad: Padding | None = None) -> torch.Tensor:
@@ -188,7 +191,8 @@ class Attention(nn.Module):
         q, k = rope(q, cos, sin), rope(k, cos, sin)                # position enters here, and only here
         if cache is not None:
             k, v = cache.update(layer, k, v)                        # (B, h_kv, past + T, hd): every past position
-        y = causal_attention(q, k, v, k.size(2) - T, window=self.window, scale=self.scale, padding=pad)  # (B, h, T, hd)
+        p = self.dropout if self.training else 0.0
+        y = causal_attention(q, k, v, k.size(2) - T, p, self.window, self.scale, pad)  # (B, h, T, hd)
         return self.o(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
 
 

@@ -19,7 +19,7 @@ from .attention import Padding, causal_attention
 from .kv_cache import KVCache
 from .linear import Linear, linear
 from .rope import RopeScaling, rope, rope_angles, rope_angles_at, rope_frequencies
-from .config_checks import check_range, check_rope_heads, check_sizes
+from .config_checks import check_range, check_rope_heads, check_sizes, refuse_training
 from .tap import Tap, no_tap
 
 
@@ -44,6 +44,10 @@ class LlamaConfig:
     qk_norm: bool = False  # Qwen3: RMSNorm on each head of q and k, before RoPE
     n_experts: int = 0  # Mixtral: a router picks n_experts_used of n_experts SwiGLU MLPs per token
     n_experts_used: int = 0
+    attention_dropout: float = 0.0  # on the attention weights, in train mode only
+    # training-time features of the source's config that gptconv does not implement (Phi-3's resid_pdrop,
+    # Mixtral's router_jitter_noise, …): inference is exact without them, train() refuses
+    unsupported_in_training: tuple[str, ...] = ()
     bos_token_id: int | None = None
     eos_token_id: int | None = None
     # the HF model_type whose layout the weights are written in (phi3 fuses qkv and gate/up); the math
@@ -60,6 +64,7 @@ class LlamaConfig:
                            "head_dim": 4096})
         check_range(self, ("norm_eps",), 0.0, 1.0, low_open=True)
         check_range(self, ("rope_theta",), 0.0, 1e12, low_open=True)
+        check_range(self, ("attention_dropout",), 0.0, 1.0)
         check_rope_heads(self)
         if self.sliding_window is not None:
             check_sizes(self, {"sliding_window": 1 << 24})
@@ -164,6 +169,10 @@ class Llama(nn.Module):
         tap("logits", logits)
         return logits
 
+    def train(self, mode: bool = True) -> Llama:
+        refuse_training(self.config, mode)
+        return super().train(mode)
+
     def inv_freq(self, device: torch.device) -> torch.Tensor:
         if device not in self._inv_freq:
             c = self.config
@@ -203,6 +212,7 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(c.head_dim, c.norm_eps) if c.qk_norm else None  # per head, shared by all heads
         self.k_norm = RMSNorm(c.head_dim, c.norm_eps) if c.qk_norm else None
         self.window = c.sliding_window
+        self.dropout = c.attention_dropout
 
     def forward(self, x, cos, sin, layer: int, cache: KVCache | None, tap: Tap = no_tap,
                 pad: Padding | None = None) -> torch.Tensor:
@@ -217,7 +227,8 @@ class Attention(nn.Module):
         q, k = rope(q, cos, sin), rope(k, cos, sin)                # position enters here, and only here
         if cache is not None:
             k, v = cache.update(layer, k, v)                        # (B, h_kv, past + T, hd)
-        y = causal_attention(q, k, v, k.size(2) - T, window=self.window, padding=pad)  # (B, h, T, hd): GQA shares K/V
+        p = self.dropout if self.training else 0.0
+        y = causal_attention(q, k, v, k.size(2) - T, p, self.window, padding=pad)  # (B, h, T, hd): GQA shares K/V
         return self.o(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
 
 
