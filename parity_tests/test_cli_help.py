@@ -69,3 +69,32 @@ def test_click_sees_the_dtype_type():
     assert DType(["f32"], long=True).convert("FLOAT32", None, None) == "float32"
     with pytest.raises(click.BadParameter):
         DType(["f32"]).convert("f64", None, None)
+
+
+def _sha256(path) -> str:
+    return hashlib.sha256(open(path, "rb").read()).hexdigest()
+
+
+def test_json_has_one_shape_and_no_progress(ckpts, tmp_path):
+    from pathlib import Path
+    tiny = ckpts["tiny"]
+    text = Path(__file__).parent / "data" / "alice-chapter-1.txt"
+    gguf = tmp_path / "t.gguf"
+    runs = {"verify": run_cli("verify", tiny, "--json", "--length", "16"),
+            "export": run_cli("export", tiny, "--format", "gguf", "-o", gguf, "--json"),
+            "inspect": run_cli("inspect", gguf, "--json"),
+            "perplexity": run_cli("perplexity", tiny, text, "--ctx", "32", "--json"),
+            "pull": run_cli("pull", tiny, "--json")}
+    for command, r in runs.items():
+        assert r.returncode == 0 and r.stderr == "", (command, r.stderr)
+        out = json.loads(r.stdout)
+        assert list(out) == ["command", "versions", "source", "seconds", "result"] and out["command"] == command
+        assert out["versions"]["gptconv"] == "0.1.0" and out["versions"]["torch"].startswith("2.13")
+        assert out["seconds"] > 0 and isinstance(out["result"], dict)
+        source = out["source"]
+        assert source["repo"] is None and source["commit"] is None  # local sources
+        where = Path(source["path"])
+        for f in source["files"]:
+            file = where / f["name"] if where.is_dir() else where
+            assert f["bytes"] == file.stat().st_size and f["sha256"] == _sha256(file), (command, f)
+    assert json.loads(runs["verify"].stdout)["result"]["passed"] is True

@@ -112,7 +112,7 @@ def test_inspect_reads_what_export_writes(ckpts, tmp_path):
     export(str(ckpts["tiny"]), out, "gguf", "q8_0")
     r = run_cli("inspect", out, "--json")
     assert r.returncode == 0, r.stderr
-    tensors = {t["name"]: t for t in json.loads(r.stdout)["tensors"]}
+    tensors = {t["name"]: t for t in json.loads(r.stdout)["result"]["tensors"]}
     assert tensors["blk.0.ffn_up.weight"]["dtype"] == "Q8_0" and tensors["blk.0.attn_norm.weight"]["dtype"] == "F32"
 
 

@@ -44,7 +44,7 @@ def test_llama3_scaled_gguf_passes_against_transformers(scaled_ggufs, llamas, na
 def test_llama3_scaled_gguf_passes_against_llama_cpp(scaled_ggufs, name):
     r = run_cli("verify", scaled_ggufs[name], "--against", "llama.cpp", "--json")
     assert r.returncode == 0, r.stdout[-1500:] + r.stderr
-    report = json.loads(r.stdout)
+    report = json.loads(r.stdout)["result"]
     assert report["passed"] and report["reference"].startswith("llama.cpp")
     assert [s["name"] for s in report["steps"]] == ["logits"]
     assert any("tokenizes the 3 prompts as we do" in n for n in report["notes"])

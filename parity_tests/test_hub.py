@@ -200,3 +200,19 @@ def test_repo_ids_and_revisions_that_are_not_names(hub, args):
     r = run_cli("pull", *args, env=hub.env)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "unexpected" not in r.stderr and "internal error" not in r.stderr, r.stderr
+
+
+def test_pull_json_names_repo_commit_and_each_files_sha256(hub):
+    import hashlib
+    import json
+    from pathlib import Path
+    from hub_server import COMMIT
+    r = run_cli("pull", "gpt2", "--json", env=hub.env)
+    assert r.returncode == 0, r.stderr
+    source = json.loads(r.stdout)["source"]
+    assert source["repo"] == "openai-community/gpt2" and source["commit"] == COMMIT and source["name"] == "gpt2"
+    names = {f["name"] for f in source["files"]}
+    assert {"config.json", "model.safetensors"} <= names and "flax_model.msgpack" not in names
+    for f in source["files"]:
+        data = (Path(source["path"]) / f["name"]).read_bytes()
+        assert f["sha256"] == hashlib.sha256(data).hexdigest() and f["bytes"] == len(data)

@@ -10,7 +10,7 @@ from helpers import run_cli
 def test_inspect_folder_and_file(ckpts):
     r = run_cli("inspect", ckpts["tiny"], "--json")
     assert r.returncode == 0, r.stderr
-    out = json.loads(r.stdout)
+    out = json.loads(r.stdout)["result"]
     assert out["kind"] == "hf-folder" and out["config"]["model_type"] == "gpt2"
     names = {t["name"]: t for t in out["tensors"]}
     assert names["transformer.wte.weight"]["shape"] == [512, 64] and names["transformer.wte.weight"]["dtype"] == "float32"
@@ -21,7 +21,7 @@ def test_inspect_folder_and_file(ckpts):
 def test_inspect_gguf(smollm2):
     r = run_cli("inspect", smollm2, "--json")
     assert r.returncode == 0, r.stderr
-    out = json.loads(r.stdout)
+    out = json.loads(r.stdout)["result"]
     assert out["kind"] == "gguf" and out["metadata"]["general.architecture"] == "llama"
     assert out["metadata"]["tokenizer.ggml.tokens"] == "[49,152 items]"
     q = {t["name"]: t for t in out["tensors"]}["blk.0.attn_q.weight"]

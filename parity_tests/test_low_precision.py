@@ -34,7 +34,7 @@ def test_smollm2_passes_at_low_precision(smollm2, dtype):
     """Real weights: our fp16/bf16 logits are as far from fp32 as transformers' own fp16/bf16 are."""
     r = run_cli("verify", smollm2, "--dtype", dtype, "--json")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr
-    report = json.loads(r.stdout)
+    report = json.loads(r.stdout)["result"]
     assert report["passed"] is True
     own = report["reference_own"]
     print(f"\nSmolLM2 {dtype}: top-1 ours {report['top1_agreement']:.4f} / reference's own {own['top1_agreement']:.4f}; "
@@ -73,7 +73,7 @@ def test_swapped_norms_fail_against_a_recorded_bfloat16_reference(ckpts, tmp_pat
     bad = edited_copy(ckpts["odd"], tmp_path / "bad", swap("transformer.h.1.ln_2.weight", "transformer.h.2.ln_2.weight"))
     r = run_cli("verify", bad, "--reference", ref, "--dtype", "bfloat16", "--json")
     assert r.returncode == 1
-    assert json.loads(r.stdout)["first_divergent_step"] == "block.1"
+    assert json.loads(r.stdout)["result"]["first_divergent_step"] == "block.1"
 
 
 def test_a_recorded_reference_without_that_dtype_says_so(ckpts, tmp_path):

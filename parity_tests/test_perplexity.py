@@ -81,7 +81,7 @@ def test_against_itself_is_zero_and_against_q8_0_is_not(llamas, tmp_path):
 def test_cli_prints_and_json(llamas):
     r = run_cli("perplexity", llamas["tied"], TEXT, "--ctx", "32", "--json")
     assert r.returncode == 0 and r.stderr == "", r.stderr  # no progress bar off a terminal, nothing in --json
-    out = json.loads(r.stdout)
+    out = json.loads(r.stdout)["result"]
     assert out["ctx"] == 32 and out["perplexity"] > 1 and out["against"] is None
     r = run_cli("perplexity", llamas["tied"], TEXT, "--ctx", "32", "--against", llamas["tied"])
     assert r.returncode == 0 and "perplexity" in r.stdout and "same top      100.00%" in r.stdout, r.stdout
@@ -129,7 +129,7 @@ def test_export_check_reports_the_file_just_written(wide_families, tmp_path):
         r = run_cli("export", source, "--format", "gguf", "--dtype", "q4_k_m", "-o", out, "--check", TEXT,
                     "--against", engine, "--json")
         assert r.returncode == 0 and r.stderr == "", r.stderr
-        check = json.loads(r.stdout)["check"]
+        check = json.loads(r.stdout)["result"]["check"]
         again = gptconv.perplexity(out, TEXT, ctx=96, against=source, engine=engine).to_dict()
         assert check == {**again, "source": str(out), "against": {**again["against"], "base": str(source)}}
         assert check["ctx"] == 96 and 0 < check["against"]["kl_mean"] and check["against"]["same_top"] < 1

@@ -423,7 +423,7 @@ def test_inspect_json_is_strict_with_nan_in_the_config(tiny):
 
     def refuse(constant):
         raise ValueError(constant)
-    data = json.loads(r.stdout, parse_constant=refuse)
+    data = json.loads(r.stdout, parse_constant=refuse)["result"]
     assert data["kind"] == "hf-folder"
 
 

@@ -18,7 +18,7 @@ from helpers import edited_copy, run_cli, swap
 def test_verify_passes_and_reports_json(ckpts):
     r = run_cli("verify", ckpts["odd"], "--json")
     assert r.returncode == 0, r.stderr
-    report = json.loads(r.stdout)
+    report = json.loads(r.stdout)["result"]
     assert report["passed"] is True and report["top1_agreement"] == 1.0
     assert report["max_abs_diff"] <= FP32.atol
     names = [s["name"] for s in report["steps"]]
@@ -42,7 +42,7 @@ def test_swapped_tensors_fail_at_the_first_divergent_block(ckpts, tmp_path):
 
     r = run_cli("verify", bad, "--reference", ref, "--json")
     assert r.returncode == 1, r.stderr
-    report = json.loads(r.stdout)
+    report = json.loads(r.stdout)["result"]
     assert report["passed"] is False and report["first_divergent_step"] == "block.1"
     assert [s["passed"] for s in report["steps"]][:2] == [True, True]  # embedding and block.0 still agree
 
@@ -93,7 +93,7 @@ def test_a_nan_anywhere_fails_the_step(ckpts, tmp_path):
     bad = edited_copy(ckpts["odd"], tmp_path / "bad", lambda s: s["transformer.h.2.ln_2.weight"].__setitem__(5, float("nan")))
     r = run_cli("verify", bad, "--reference", ref, "--json")
     assert r.returncode == 1, r.stderr
-    report = json.loads(r.stdout, parse_constant=lambda c: pytest.fail(f"not strict JSON: {c}"))
+    report = json.loads(r.stdout, parse_constant=lambda c: pytest.fail(f"not strict JSON: {c}"))["result"]
     assert report["first_divergent_step"] == "block.2" and report["max_abs_diff"] == "inf"
 
 
@@ -104,7 +104,7 @@ def test_a_nan_weight_fails_live_verify(ckpts, tmp_path):
                       lambda s: s["transformer.h.0.mlp.c_fc.weight"].__setitem__((3, 5), float("nan")))
     r = run_cli("verify", bad, "--json")
     assert r.returncode == 1, r.stderr
-    report = json.loads(r.stdout)
+    report = json.loads(r.stdout)["result"]
     assert report["passed"] is False and report["first_divergent_step"] == "block.0"
     assert [s["passed"] for s in report["steps"]][0] is True  # the embedding has no NaN
     assert any("NaN or Inf" in n for n in report["notes"])

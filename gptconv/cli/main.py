@@ -12,6 +12,7 @@ import json
 import re
 import os
 import sys
+import time
 import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,6 +23,7 @@ from ..errors import GptconvError, first_line
 from ..output import Terminated
 from ..writers.tensors import EXPORT_DTYPES, LLAMA_QUANTS
 from . import render
+from .envelope import envelope
 
 
 BUG = 3  # exit status of an exception we did not expect: 2 means bad input, and this is not known to be
@@ -110,7 +112,9 @@ def say(message: str) -> None:
 EXIT_STATUSES = """\b
 Exit status: 0 done; 1 a parity check failed (verify); 2 bad input or usage, one line on stderr;
 3 an error gptconv did not expect (a bug; --debug shows the traceback); 130 interrupted; 143 terminated.
-SOURCE: a Hub repo id (owner/name), an alias (`gptconv aliases`), an HF folder, or a .gguf/.safetensors file."""
+SOURCE: a Hub repo id (owner/name), an alias (`gptconv aliases`), an HF folder, or a .gguf/.safetensors file.
+--json (pull, verify, export, perplexity, inspect): {command, versions, source: {name, repo, revision,
+commit, path, files: [{name, bytes, sha256}]}, seconds, result}."""
 
 
 def _versions() -> str:
@@ -192,11 +196,17 @@ dtype_opt = click.option("--dtype", default="f32", show_default=True, type=DType
 
 @cli.command(epilog=example('gptconv pull gpt2', 'gptconv pull HuggingFaceTB/SmolLM2-135M --revision main'))
 @source_arg
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON (see `gptconv --help`).")
 @revision_opt
-def pull(source: str, revision: str | None) -> None:
+def pull(source: str, as_json: bool, revision: str | None) -> None:
     """Download (or find) SOURCE, map and check every tensor, print a summary."""
     from ..api import pull as pull_
-    render.pull_summary(pull_(source, revision))
+    start = time.perf_counter()
+    summary = pull_(source, revision)
+    if as_json:
+        click.echo(envelope("pull", summary, time.perf_counter() - start, source, revision))
+    else:
+        render.pull_summary(summary)
 
 
 @cli.command(epilog=example('gptconv trace gpt2 "The capital of France is"', 'gptconv trace model.gguf --ids 464,3139,286'))
@@ -261,9 +271,10 @@ def verify(source: str, dtype: str, length: int | None, seed: int, reference_fil
     is as close to the float32 reference as the reference's own run in that dtype (within a factor).
     """
     from ..api import verify as verify_
+    start = time.perf_counter()
     report = verify_(source, dtype, length, seed, reference_file, revision, stream, against, device)
     if as_json:
-        click.echo(json.dumps(report.to_dict(), indent=2, allow_nan=False))
+        click.echo(envelope("verify", report, time.perf_counter() - start, source, revision))
     else:
         render.verify_report(report)
     sys.exit(0 if report.passed else 1)
@@ -310,11 +321,12 @@ def export(source: str, fmt: str, dtype: str, output: Path, max_shard_bytes: int
            check_text: Path | None, check_ctx: int | None, engine: str, as_json: bool, revision: str | None) -> None:
     """Write SOURCE as an HF-layout safetensors folder or a GGUF file llama.cpp runs."""
     from ..api import export as export_
+    start = time.perf_counter()
     with window_progress(as_json) as progress:
         summary = export_(source, output, fmt, dtype, max_shard_bytes, force, clamp, revision,
                           check=check_text, check_ctx=check_ctx, check_in=engine, on_window=progress)
     if as_json:
-        click.echo(json.dumps(summary.to_dict(), indent=2, default=str, allow_nan=False))
+        click.echo(envelope("export", summary, time.perf_counter() - start, source, revision))
     else:
         render.export_summary(summary)
         if summary.check is not None:
@@ -339,10 +351,11 @@ def perplexity(source: str, text_file: Path, ctx: int, against: str | None, engi
     """Perplexity on TEXT_FILE as llama.cpp's llama-perplexity scores it: windows of --ctx tokens, the
     second half of each scored."""
     from ..api import perplexity as perplexity_
+    start = time.perf_counter()
     with window_progress(as_json) as progress:
         result = perplexity_(source, text_file, ctx, against, dtype, revision, progress, engine, device)
     if as_json:
-        click.echo(json.dumps(result.to_dict(), indent=2, allow_nan=False))
+        click.echo(envelope("perplexity", result, time.perf_counter() - start, source, revision))
     else:
         render.perplexity(result)
 
@@ -364,9 +377,10 @@ def window_progress(quiet: bool) -> Iterator[Callable[[int, int], None]]:
 def inspect(path: Path, as_json: bool) -> None:
     """List the tensors (name, dtype, shape), metadata and config of a file or folder."""
     from ..api import inspect as inspect_
+    start = time.perf_counter()
     result = inspect_(path)
     if as_json:  # a NaN or Inf a config holds is a string: strict JSON
-        click.echo(json.dumps(result.to_dict(), indent=2, default=str, allow_nan=False))
+        click.echo(envelope("inspect", result, time.perf_counter() - start, path))
     else:
         render.inspection(result)
 
