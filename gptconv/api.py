@@ -195,7 +195,8 @@ REFERENCES = ("transformers", "llama.cpp")
 
 def verify(source: str | Path, dtype: str = "float32", length: int | None = None, seed: int = 0,
                   reference_file: Path | None = None, revision: str | None = None,
-                  blockwise: bool | None = None, against: str = "transformers", device: str = "cpu") -> Report:
+                  blockwise: bool | None = None, against: str = "transformers", device: str = "cpu",
+                  on_input: Callable[[int, int], None] = lambda done, total: None) -> Report:
     """Our model against a reference: transformers (live), llama.cpp (a GGUF file), or a recorded file.
 
     At float16 / bfloat16 the reference also runs in that dtype, and ours is judged against the
@@ -238,7 +239,7 @@ def verify(source: str | Path, dtype: str = "float32", length: int | None = None
         ours = {s.name for s in trace_steps(model, torch.zeros(1, 1, dtype=torch.long))[0]}  # a 1-token run
         check_against(Path(reference_file), inputs, runs, src.config, ours)
         return compare(model, inputs, lambda n, ids: runs["float32"][n], source, f"recorded: {reference_file}",
-                       reference_at_dtype=(lambda n, ids: runs[name][n]) if low else None)
+                       reference_at_dtype=(lambda n, ids: runs[name][n]) if low else None, on_input=on_input)
     if blockwise is None:
         blockwise = device.type == "cpu" and src.format == "hf" and _too_big_for_two(src, dt)
     if blockwise:
@@ -252,7 +253,7 @@ def verify(source: str | Path, dtype: str = "float32", length: int | None = None
     runs = "fp32" + (f" and {name}" if low else "")
     report = compare(model, inputs, run(hf), source,
                      f"transformers {transformers.__version__} ({runs}, eager{', blockwise' if blockwise else ''})",
-                     reference_at_dtype=run(hf_low) if low else None)
+                     reference_at_dtype=run(hf_low) if low else None, on_input=on_input)
     if src.format == "gguf":  # the reference runs on our reading of the file's metadata: check it
         misread = gguf_config_disagreements(src)
         report.notes += misread
@@ -307,8 +308,8 @@ ENGINES = ("gptconv", "llama.cpp")
 def export(source: str | Path, out: str | Path, format: str = "safetensors", dtype: str = "f32",
            max_shard_bytes: int = SHARD_BYTES, force: bool = False, clamp: bool = False,
            revision: str | None = None, check: str | Path | None = None, check_ctx: int | None = None,
-           check_in: str = "gptconv",
-           on_window: Callable[[int, int], None] = lambda n, total: None) -> ExportSummary:
+           check_in: str = "gptconv", on_window: Callable[[int, int], None] = lambda n, total: None,
+           on_tensor: Callable[[int, int], None] = lambda done, total: None) -> ExportSummary:
     """Write ``source`` as an HF folder (``format="safetensors"``, shards of at most
     ``max_shard_bytes``) or a GGUF file (``format="gguf"``); see ``writers``. With ``check``, a text
     file: then the written model's perplexity on it against ``source`` (the ``perplexity`` report),
@@ -325,7 +326,7 @@ def export(source: str | Path, out: str | Path, format: str = "safetensors", dty
         limit = src.config.context_length
         check_ctx = check_ctx or min(512, limit - limit % 2)
         check_windows(load_tokenizer(src).encode(read_text(Path(check), JSON_LIMIT)), check_ctx, limit, check, "--check-ctx")
-    summary = write(source, out, format, dtype, max_shard_bytes, force, clamp, revision)
+    summary = write(source, out, format, dtype, max_shard_bytes, force, clamp, revision, on_tensor)
     if check is not None:
         summary.check = perplexity(summary.out, check, check_ctx, source, revision=revision, on_window=on_window,
                                    engine=check_in)

@@ -187,7 +187,8 @@ Reference = Callable[[str, torch.Tensor], dict[str, torch.Tensor]]  # (input nam
 
 
 def compare(model: nn.Module, inputs: dict[str, torch.Tensor], reference: Reference, source: str,
-            reference_name: str, tolerance: Tolerance = FP32, reference_at_dtype: Reference | None = None) -> Report:
+            reference_name: str, tolerance: Tolerance = FP32, reference_at_dtype: Reference | None = None,
+            on_input: Callable[[int, int], None] = lambda done, total: None) -> Report:
     """Run the reference and ``model`` on each input in turn and compare every step the reference
     records; only one input's steps are held at a time.
 
@@ -240,6 +241,7 @@ def compare(model: nn.Module, inputs: dict[str, torch.Tensor], reference: Refere
             own_kls.append(kl_per_position(ref["logits"], own["logits"]))
         order = list(ours)  # the trace order
         del ref, ours, own
+        on_input(len(kls), len(inputs))
     for step, (ours_sq, own_sq, ref_sq, count) in squares.items():
         if not math.isfinite(own_sq):
             raise GptconvError(f"{source}: the reference's own {report.dtype} run holds NaN or Inf at '{step}', so "

@@ -98,3 +98,49 @@ def test_json_has_one_shape_and_no_progress(ckpts, tmp_path):
             file = where / f["name"] if where.is_dir() else where
             assert f["bytes"] == file.stat().st_size and f["sha256"] == _sha256(file), (command, f)
     assert json.loads(runs["verify"].stdout)["result"]["passed"] is True
+
+
+def _on_a_terminal(*args) -> tuple[int, str]:
+    """Run the CLI with stderr on a pseudo-terminal (stdout a pipe); return its exit status and stderr."""
+    import os
+    import pty
+    import subprocess
+    import sys
+    import fcntl
+    import struct
+    import termios
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # a terminal has a width
+    p = subprocess.Popen([sys.executable, "-m", "gptconv", *map(str, args)], stdout=subprocess.PIPE, stderr=slave)
+    os.close(slave)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        seen += chunk
+    p.communicate(timeout=600)
+    os.close(master)
+    return p.returncode, seen.decode("utf-8", "replace")
+
+
+def test_progress_on_a_terminal_only_and_off_with_quiet_or_json(ckpts, tmp_path):
+    from pathlib import Path
+    tiny = ckpts["tiny"]
+    text = Path(__file__).parent / "data" / "alice-chapter-1.txt"
+    cases = {"export": (["export", tiny, "--format", "gguf", "-o", tmp_path / "{}.gguf"], "tensors"),
+             "verify": (["verify", tiny, "--length", "16"], "inputs"),
+             "perplexity": (["perplexity", tiny, text, "--ctx", "32"], "windows")}
+    for name, (args, bar) in cases.items():
+        for extra, shown in (([], True), (["--quiet"], False), (["--json"], False)):
+            args_now = [str(a).format("-".join([name, *extra])) for a in args]
+            code, err = _on_a_terminal(*args_now, *extra)
+            assert code == 0, (name, extra, err)
+            assert (f"{bar}:" in err) == shown, (name, extra, err)
+            if not shown:
+                assert err == "", (name, extra, err)
+        r = run_cli(*args)  if name != "export" else run_cli(*[str(a).format("pipe") for a in args])
+        assert r.returncode == 0 and r.stderr == "", (name, r.stderr)  # stderr not a terminal: no bar

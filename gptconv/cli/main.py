@@ -197,10 +197,14 @@ dtype_opt = click.option("--dtype", default="f32", show_default=True, type=DType
 @cli.command(epilog=example('gptconv pull gpt2', 'gptconv pull HuggingFaceTB/SmolLM2-135M --revision main'))
 @source_arg
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON (see `gptconv --help`).")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bars (they show on a terminal only anyway).")
 @revision_opt
-def pull(source: str, as_json: bool, revision: str | None) -> None:
+def pull(source: str, as_json: bool, quiet: bool, revision: str | None) -> None:
     """Download (or find) SOURCE, map and check every tensor, print a summary."""
     from ..api import pull as pull_
+    if as_json or quiet:  # huggingface-hub's download bars (shown on a terminal only in any case)
+        from huggingface_hub.utils import disable_progress_bars
+        disable_progress_bars()
     start = time.perf_counter()
     summary = pull_(source, revision)
     if as_json:
@@ -262,9 +266,10 @@ def generate(source: str, prompt: str, max_new_tokens: int, temperature: float, 
               help="The reference: transformers, or llama.cpp (llama-cpp-python) for a GGUF file.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @device_opt
+@click.option("--quiet", "-q", is_flag=True, help="No progress bars (they show on a terminal only anyway).")
 @revision_opt
 def verify(source: str, dtype: str, length: int | None, seed: int, reference_file: Path | None, stream: bool | None,
-           against: str, as_json: bool, device: str, revision: str | None) -> None:
+           against: str, as_json: bool, device: str, quiet: bool, revision: str | None) -> None:
     """Check our logits against a reference, step by step; exit 1 if parity fails.
 
     At float16 / bfloat16 the reference runs in float32 and in that dtype, and ours passes when it
@@ -272,7 +277,8 @@ def verify(source: str, dtype: str, length: int | None, seed: int, reference_fil
     """
     from ..api import verify as verify_
     start = time.perf_counter()
-    report = verify_(source, dtype, length, seed, reference_file, revision, stream, against, device)
+    with progress_bar(as_json or quiet, "inputs", "input") as progress:
+        report = verify_(source, dtype, length, seed, reference_file, revision, stream, against, device, progress)
     if as_json:
         click.echo(envelope("verify", report, time.perf_counter() - start, source, revision))
     else:
@@ -316,15 +322,17 @@ def reference(source: str, output: Path, length: int | None, seed: int, dtype: s
 @click.option("--against", "engine", default="gptconv", show_default=True, type=click.Choice(["gptconv", "llama.cpp"]),
               help="What runs the written file for --check: gptconv (dequantized) or llama.cpp (a GGUF as stored).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bars (they show on a terminal only anyway).")
 @revision_opt
 def export(source: str, fmt: str, dtype: str, output: Path, max_shard_bytes: int, force: bool, clamp: bool,
-           check_text: Path | None, check_ctx: int | None, engine: str, as_json: bool, revision: str | None) -> None:
+           check_text: Path | None, check_ctx: int | None, engine: str, as_json: bool, quiet: bool,
+           revision: str | None) -> None:
     """Write SOURCE as an HF-layout safetensors folder or a GGUF file llama.cpp runs."""
     from ..api import export as export_
     start = time.perf_counter()
-    with window_progress(as_json) as progress:
+    with progress_bar(as_json or quiet, "tensors", "tensor") as tensors, progress_bar(as_json or quiet) as windows:
         summary = export_(source, output, fmt, dtype, max_shard_bytes, force, clamp, revision,
-                          check=check_text, check_ctx=check_ctx, check_in=engine, on_window=progress)
+                          check=check_text, check_ctx=check_ctx, check_in=engine, on_window=windows, on_tensor=tensors)
     if as_json:
         click.echo(envelope("export", summary, time.perf_counter() - start, source, revision))
     else:
@@ -345,14 +353,15 @@ def export(source: str, fmt: str, dtype: str, output: Path, max_shard_bytes: int
 @dtype_opt
 @device_opt
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bars (they show on a terminal only anyway).")
 @revision_opt
 def perplexity(source: str, text_file: Path, ctx: int, against: str | None, engine: str, dtype: str, device: str,
-               as_json: bool, revision: str | None) -> None:
+               as_json: bool, quiet: bool, revision: str | None) -> None:
     """Perplexity on TEXT_FILE as llama.cpp's llama-perplexity scores it: windows of --ctx tokens, the
     second half of each scored."""
     from ..api import perplexity as perplexity_
     start = time.perf_counter()
-    with window_progress(as_json) as progress:
+    with progress_bar(as_json or quiet) as progress:
         result = perplexity_(source, text_file, ctx, against, dtype, revision, progress, engine, device)
     if as_json:
         click.echo(envelope("perplexity", result, time.perf_counter() - start, source, revision))
@@ -361,10 +370,10 @@ def perplexity(source: str, text_file: Path, ctx: int, against: str | None, engi
 
 
 @contextlib.contextmanager
-def window_progress(quiet: bool) -> Iterator[Callable[[int, int], None]]:
-    """A progress bar of perplexity windows, on a terminal only (never in --json)."""
+def progress_bar(quiet: bool, desc: str = "windows", unit: str = "window") -> Iterator[Callable[[int, int], None]]:
+    """A progress bar on stderr, on a terminal only, never with --json or --quiet: ``progress(done, total)``."""
     from tqdm import tqdm
-    with tqdm(desc="windows", unit="window", disable=quiet or not sys.stderr.isatty(), file=sys.stderr) as bar:
+    with tqdm(desc=desc, unit=unit, disable=quiet or not sys.stderr.isatty(), file=sys.stderr, leave=False) as bar:
         def progress(n: int, total: int) -> None:
             bar.total = total
             bar.update(n - bar.n)

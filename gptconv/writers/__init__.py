@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -29,9 +29,10 @@ SHARD_BYTES = 5 * 10**9  # transformers' default max_shard_size
 
 def export(source: str | Path, out: str | Path, format: str = "safetensors", dtype: str = "f32",
            max_shard_bytes: int = SHARD_BYTES, force: bool = False, clamp: bool = False,
-           revision: str | None = None) -> ExportSummary:
+           revision: str | None = None,
+           on_tensor: Callable[[int, int], None] = lambda done, total: None) -> ExportSummary:
     """Write ``source`` as an HF folder (``format="safetensors"``, shards of at most
-    ``max_shard_bytes``) or a GGUF file (``format="gguf"``)."""
+    ``max_shard_bytes``) or a GGUF file (``format="gguf"``). ``on_tensor(done, total)``: progress."""
     if format not in ("safetensors", "gguf"):
         raise GptconvError(f"--format '{format}': choose safetensors or gguf")
     if dtype not in EXPORT_DTYPES and dtype not in LLAMA_QUANTS:
@@ -48,6 +49,7 @@ def export(source: str | Path, out: str | Path, format: str = "safetensors", dty
     check_output(out, force, kind)  # before loading anything
     src = open_source(source, revision, backend="per-tensor")  # each tensor mapped on its own, unmapped when freed
     weights = Weights.of(src)
+    weights.on_tensor = on_tensor
     tokenizer = None
     if format == "gguf" or src.format != "hf":  # an HF folder's own tokenizer files are copied as they are
         try:

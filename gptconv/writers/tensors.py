@@ -123,6 +123,7 @@ class Weights:
     shapes: dict[str, tuple[int, ...]]  # our name → shape, in the model's order
     plan: Plan
     dtype: torch.dtype  # the source's own precision (a bf16 checkpoint stays bf16), else float32
+    on_tensor: Callable[[int, int], None] = lambda done, total: None  # progress: tensors written of all
 
     @classmethod
     def of(cls, src: Any) -> Weights:
@@ -143,10 +144,11 @@ class Weights:
         """Each of ``stored`` in its written layout, read from the source one at a time; the
         source tensor is dropped before the next is read (its pages unmapped), so a caller keeps
         no reference past its loop body."""
-        for s in stored:
+        for n, s in enumerate(stored):
             tensor = s.join([self.plan.tensor(p, self.dtype) for p in s.ours], self.config)
             yield tensor
             del tensor
+            self.on_tensor(n + 1, len(stored))
 
 
 def _load_dtype(src) -> torch.dtype:
