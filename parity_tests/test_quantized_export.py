@@ -89,6 +89,13 @@ def test_the_quality_table_runs(wide_families):
     assert [row.split("|")[1].strip() for row in rows] == ["q8_0", "q4_k_m"]
 
 
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text()
+    except OSError:
+        return ""
+
+
 @pytest.mark.parametrize("sig,code,said", [(signal.SIGTERM, 143, "terminated"), (signal.SIGINT, 130, "interrupted")])
 def test_a_signal_while_llama_cpps_quantizer_runs_stops_it_and_cleans_up(wide_families, tmp_path, sig, code, said):
     """The quantizer runs in a child; caught there (and stopped, so that it cannot finish first), the
@@ -96,22 +103,33 @@ def test_a_signal_while_llama_cpps_quantizer_runs_stops_it_and_cleans_up(wide_fa
     partial output removed, the old output kept."""
     out = tmp_path / "m.gguf"
     out.write_bytes(b"old")
+    # SIGINT as a terminal's Ctrl-C delivers it: a runner (pytest-xdist's workers) may start us with it ignored,
+    # which a child inherits and Python then leaves ignored
     p = subprocess.Popen([sys.executable, "-m", "gptconv", "export", str(wide_families["mixtral"]), "--format", "gguf",
                           "--dtype", "q4_k_m", "-o", str(out), "--force"],
-                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    children = Path(f"/proc/{p.pid}/task/{p.pid}/children")
-    deadline = time.monotonic() + 120
-    kids: list[str] = []
-    while time.monotonic() < deadline and p.poll() is None and not kids:
-        kids = children.read_text().split() if children.exists() else []
-        time.sleep(0.001)
-    assert kids, "the export ended before its quantizer could be caught"
-    child = int(kids[0])
-    os.kill(child, signal.SIGSTOP)
-    assert "quantizer_child.py" in Path(f"/proc/{child}/cmdline").read_text()
-    assert any(name.endswith(".f32") for name in os.listdir(tmp_path))  # the intermediate, under the temporary name
-    p.send_signal(sig)
-    _, err = p.communicate(timeout=60)
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    child = None
+    try:
+        children = Path(f"/proc/{p.pid}/task/{p.pid}/children")
+        deadline = time.monotonic() + 120
+        kids: list[str] = []
+        while time.monotonic() < deadline and p.poll() is None and not kids:
+            kids = children.read_text().split() if children.exists() else []
+            time.sleep(0.001)
+        assert kids, "the export ended before its quantizer could be caught"
+        child = int(kids[0])
+        os.kill(child, signal.SIGSTOP)
+        assert "quantizer_child.py" in _cmdline(child)
+        assert any(name.endswith(".f32") for name in os.listdir(tmp_path))  # the intermediate, under the temporary name
+        p.send_signal(sig)
+        _, err = p.communicate(timeout=60)
+    finally:  # whatever failed, nothing is left stopped or running
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+        if child is not None and "quantizer_child.py" in _cmdline(child):
+            os.kill(child, signal.SIGKILL)
     assert p.returncode == code, (p.returncode, err)
     assert err.strip().splitlines() == [f"gptconv: error: {said}"], err
     assert not Path(f"/proc/{child}").exists()  # killed and reaped
