@@ -20,7 +20,7 @@ from .loader import Source, load_source, open_source, parse_dtype
 from .output import check_output
 from .parity import Report, compare, parity_inputs
 from .perplexity import Perplexity, check_windows, measure, summarize
-from .reference import gguf_config_disagreements, reference_steps, transformers_model
+from .reference import REFERENCE_TAPS, gguf_config_disagreements, reference_steps, transformers_model
 from .reference_file import check_against, read_reference, save_reference
 from .results import Result
 from .sources.files import JSON_LIMIT, read_text
@@ -203,6 +203,8 @@ def verify(source: str | Path, dtype: str = "float32", length: int | None = None
     reference's own error (``parity.LOW_PRECISION_FACTOR``). ``blockwise``: run both models one block
     at a time (``gptconv.blockwise``); by default, when they would not fit in memory side by side.
     ``device``: where both models run (the comparison is on the CPU; llama.cpp runs on the CPU).
+    ``on_input(done, total)``: progress, in inputs compared or, streamed, in blocks run (ours and the
+    references', every input).
     """
     device = parse_device(device)
     if against not in REFERENCES:
@@ -245,9 +247,16 @@ def verify(source: str | Path, dtype: str = "float32", length: int | None = None
     if blockwise:
         src = open_source(source, revision, backend="per-tensor")  # each block's tensors unmapped when dropped
     model = load_source(src, dt, device, blockwise=blockwise)
-    hf = transformers_model(src, torch.float32, blockwise=blockwise).to(device)  # an fp32 folder in fp32, on the
-    hf_low = transformers_model(src, dt, blockwise=blockwise).to(device) if low else None  # CPU: weights in memory once
+    # an fp32 folder verified in fp32 on the CPU: the weights in memory once for both models; streamed
+    # (blockwise) models hold meta tensors between blocks, and stay where they are (on the CPU)
+    place = (lambda m: m) if device.type == "cpu" else (lambda m: m.to(device))  # noqa: E731
+    hf = place(transformers_model(src, torch.float32, blockwise=blockwise))
+    hf_low = place(transformers_model(src, dt, blockwise=blockwise)) if low else None
     inputs = _inputs(src, length, seed)
+    if blockwise:  # an input takes long: count blocks
+        _count_blocks([(model, "blocks.{i}"), *((m, REFERENCE_TAPS[src.arch]["block.{i}"]) for m in (hf, hf_low) if m)],
+                      src.config.n_layers, len(inputs), on_input)
+        on_input = lambda done, total: None  # noqa: E731
     import transformers
     run = lambda m: lambda n, ids: reference_steps(m, src.arch, src.config.n_layers, ids)  # noqa: E731
     runs = "fp32" + (f" and {name}" if low else "")
@@ -259,6 +268,19 @@ def verify(source: str | Path, dtype: str = "float32", length: int | None = None
         report.notes += misread
         report.passed = report.passed and not misread
     return report
+
+
+def _count_blocks(models: list[tuple[torch.nn.Module, str]], n_layers: int, n_inputs: int,
+                  progress: Callable[[int, int], None]) -> None:
+    """``progress(done, total)`` after every block any of ``models`` runs (block names ``template``)."""
+    total, done = n_inputs * len(models) * n_layers, [0]
+
+    def tick(*_args) -> None:
+        done[0] += 1
+        progress(done[0], total)
+    for model, template in models:
+        for i in range(n_layers):
+            model.get_submodule(template.format(i=i)).register_forward_hook(tick)
 
 
 def _too_big_for_two(src: Source, dtype: torch.dtype) -> bool:

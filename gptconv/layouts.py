@@ -35,7 +35,11 @@ def state_dict(source: str | Path, layout: str | KeyMap = "gptconv", dtype: str 
     src = open_source(source, revision, backend="per-tensor")
     if layout == "gptconv":
         return load_source(src, dt).state_dict()
-    keymap = hf_family(src.config).keymap(src.config) if layout == "hf" else layout
+    if layout == "hf":  # the names transformers' model holds (Mixtral's experts fused, as transformers 5 has them)
+        family = hf_family(src.config)
+        keymap = (family.module_keymap or family.keymap)(src.config)
+    else:
+        keymap = layout
     weights = Weights.of(src)
     _check_complete(keymap, weights, src)
     stored = weights.stored_as(keymap)

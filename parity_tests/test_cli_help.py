@@ -132,7 +132,8 @@ def test_progress_on_a_terminal_only_and_off_with_quiet_or_json(ckpts, tmp_path)
     tiny = ckpts["tiny"]
     text = Path(__file__).parent / "data" / "alice-chapter-1.txt"
     cases = {"export": (["export", tiny, "--format", "gguf", "-o", tmp_path / "{}.gguf"], "tensors"),
-             "verify": (["verify", tiny, "--length", "16"], "inputs"),
+             "verify": (["verify", tiny, "--length", "16"], "verify"),
+             "streamed verify": (["verify", tiny, "--length", "16", "--stream"], "verify"),
              "perplexity": (["perplexity", tiny, text, "--ctx", "32"], "windows")}
     for name, (args, bar) in cases.items():
         for extra, shown in (([], True), (["--quiet"], False), (["--json"], False)):
@@ -144,3 +145,13 @@ def test_progress_on_a_terminal_only_and_off_with_quiet_or_json(ckpts, tmp_path)
                 assert err == "", (name, extra, err)
         r = run_cli(*args)  if name != "export" else run_cli(*[str(a).format("pipe") for a in args])
         assert r.returncode == 0 and r.stderr == "", (name, r.stderr)  # stderr not a terminal: no bar
+
+
+def test_streamed_verify_counts_blocks(ckpts):
+    import gptconv
+    seen = []
+    report = gptconv.verify(ckpts["tiny"], length=16, blockwise=True, on_input=lambda done, total: seen.append((done, total)))
+    assert report.passed
+    n_inputs = len(report.inputs)
+    total = n_inputs * 2 * gptconv.open_source(ckpts["tiny"]).config.n_layers  # ours and the reference, each block
+    assert seen == [(k, total) for k in range(1, total + 1)]

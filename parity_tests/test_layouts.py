@@ -35,24 +35,12 @@ def folder_of(request, fixture: str, name: str | None) -> Path:
 
 
 def hf_logits(folder: Path, state: dict[str, torch.Tensor], ids: torch.Tensor) -> torch.Tensor:
-    """transformers' model of ``folder``'s config with ``state`` loaded: by load_state_dict (every key,
-    nothing left over); for Mixtral, whose module in transformers 5 fuses the experts that its files
-    keep apart (from_pretrained converts, load_state_dict does not), saved with the config and read
-    back by from_pretrained."""
-    import tempfile
-
+    """transformers' model of ``folder``'s config with ``state`` loaded by load_state_dict: every key,
+    nothing left over."""
     import transformers
-    from safetensors.torch import save_file
     config = transformers.AutoConfig.from_pretrained(folder)
-    if config.model_type == "mixtral":
-        with tempfile.TemporaryDirectory() as tmp:
-            config.save_pretrained(tmp)
-            save_file({k: v.contiguous() for k, v in state.items()}, f"{tmp}/model.safetensors", {"format": "pt"})
-            model = transformers.AutoModelForCausalLM.from_pretrained(tmp, attn_implementation="eager",
-                                                                      dtype=torch.float32)
-    else:
-        model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32)
-        model.load_state_dict(state, strict=True)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32)
+    model.load_state_dict(state, strict=True)
     with torch.no_grad():
         return model.eval()(ids).logits
 
@@ -130,3 +118,18 @@ def test_an_incomplete_table_names_the_tensors_it_leaves_out(ckpts):
 def test_an_unknown_layout_is_one_line(ckpts):
     with pytest.raises(gptconv.GptconvError, match="layout 'meta': choose gptconv or hf, or give a KeyMap"):
         gptconv.state_dict(ckpts["tiny"], layout="meta")
+
+
+def test_mixtral_in_transformers_fused_layout_imports_too(families, tmp_path):
+    """transformers 5 fuses Mixtral's experts in its module (gate_up_proj, down_proj) and can save them so;
+    such a folder maps onto ours as the per-expert files do, and the "hf" state dict is that layout."""
+    folder = families["mixtral"]
+    hf = hf_model(folder)
+    hf.save_pretrained(tmp_path / "fused", save_original_format=False)
+    from safetensors import safe_open
+    with safe_open(tmp_path / "fused" / "model.safetensors", "pt") as f:
+        assert "model.layers.0.mlp.experts.gate_up_proj" in f.keys()
+    ids = random_ids(gptconv.open_source(folder).config.vocab_size, 24, batch=1)
+    with torch.no_grad():
+        assert torch.equal(gptconv.load(tmp_path / "fused")(ids), gptconv.load(folder)(ids))
+    assert set(gptconv.state_dict(folder, "hf")) == set(hf.state_dict())

@@ -277,7 +277,7 @@ def verify(source: str, dtype: str, length: int | None, seed: int, reference_fil
     """
     from ..api import verify as verify_
     start = time.perf_counter()
-    with progress_bar(as_json or quiet, "inputs", "input") as progress:
+    with progress_bar(as_json or quiet, "verify", "step") as progress:
         report = verify_(source, dtype, length, seed, reference_file, revision, stream, against, device, progress)
     if as_json:
         click.echo(envelope("verify", report, time.perf_counter() - start, source, revision))

@@ -31,9 +31,12 @@ class HFFamily:
     config_from_hf: Callable[[dict[str, Any], object], Any]
     config_to_hf: Callable[[Any], dict[str, Any]]
     keymap: Callable[[Any], KeyMap]
+    # the names transformers' model class holds in memory, where they differ from its files' (Mixtral)
+    module_keymap: Callable[[Any], KeyMap] | None = None
 
 
-_LLAMA = HFFamily(llama_config_from_hf, llama_config_to_hf, llama_hf_keymap)
+_LLAMA = HFFamily(llama_config_from_hf, llama_config_to_hf, llama_hf_keymap,
+                  lambda config: llama_hf_keymap(config, module=True))
 HF_FAMILIES: dict[str, HFFamily] = {
     "gpt2": HFFamily(gpt2_config_from_hf, gpt2_config_to_hf, lambda config: GPT2_HF),
     **{model_type: _LLAMA for model_type in LLAMA_FAMILIES},

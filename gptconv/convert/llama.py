@@ -13,7 +13,7 @@ from ..models.llama import LlamaConfig
 from ..models.rope import RopeScaling, llama3_from_factors
 from .gguf_meta import T, gguf_config, gguf_name
 from .hf_config import ConfigFields, build_config
-from .keymap import Drop, Fused, KeyMap, Map, Stacked, TensorInfo, Tied, Transform, concat
+from .keymap import Drop, Fuse, Fused, KeyMap, Map, Rule, Stacked, TensorInfo, Tied, Transform, concat
 
 
 def rope_from_hf(f: ConfigFields, default_theta: float = 10000.0) -> tuple[float, RopeScaling | None]:
@@ -186,6 +186,31 @@ _MOE = [("block_sparse_moe.gate.weight", "mlp.router.weight"),
         ("block_sparse_moe.experts.{j}.w3.weight", "mlp.experts.{j}.up.weight"),
         ("block_sparse_moe.experts.{j}.w2.weight", "mlp.experts.{j}.down.weight")]
 
+
+
+def _experts_gate_up(config: LlamaConfig) -> Fuse:
+    """transformers 5's Mixtral module holds every expert's gate and up rows as one (E, 2·d_ff, d) tensor:
+    expert e's gate rows, then its up rows. Parts in the order [gate 0, up 0, gate 1, up 1, …]."""
+    def shapes(s: tuple[int, ...], c: LlamaConfig) -> list[tuple[int, ...]]:
+        if len(s) != 3 or s[1] != 2 * c.d_ff:
+            return [s]  # cannot be split so: the ledger reports the shape
+        return [(c.d_ff, s[2])] * (2 * s[0])
+    return Fuse("experts_gate_up", lambda t, c: [p for e in t.unbind(0) for p in e.split(c.d_ff, 0)],
+                lambda ts, c: torch.stack([torch.cat(ts[k:k + 2], 0) for k in range(0, len(ts), 2)]), shapes)
+
+
+def _moe_fused(config: LlamaConfig) -> list[Rule]:
+    """Mixtral as transformers 5's module holds it (and saves it with save_original_format=False): the
+    router under mlp.gate, the experts as two 3-D tensors."""
+    experts = range(config.n_experts)
+    return [Map("model.layers.{i}.mlp.gate.weight", "blocks.{i}.mlp.router.weight"),
+            Fused("model.layers.{i}.mlp.experts.gate_up_proj",
+                  [f"blocks.{{i}}.mlp.experts.{j}.{w}.weight" for j in experts for w in ("gate", "up")],
+                  _experts_gate_up(config)),
+            Stacked("model.layers.{i}.mlp.experts.down_proj", "blocks.{i}.mlp.experts.{j}.down.weight",
+                    lambda c: c.n_experts)]
+
+
 # Phi-3 stores q, k, v as one qkv_proj and gate, up as one gate_up_proj (rows one after the other)
 SPLIT_QKV = concat("split_qkv", lambda c: [c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim,
                                            c.n_kv_heads * c.head_dim])
@@ -196,9 +221,13 @@ _PHI3 = [Fused("model.layers.{i}.self_attn.qkv_proj.weight",
                ["blocks.{i}.mlp.gate.weight", "blocks.{i}.mlp.up.weight"], SPLIT_GATE_UP)]
 
 
-def llama_hf_keymap(config: LlamaConfig) -> KeyMap:
+def llama_hf_keymap(config: LlamaConfig, module: bool = False) -> KeyMap:
     """HF names need no transform: HF's q/k rows are already in rotate-half order. Bias rows that
-    the config does not enable are absent from the model, and so reported if a file has them."""
+    the config does not enable are absent from the model, and so reported if a file has them.
+
+    Mixtral reads both of its layouts: the files' (an expert per tensor, what export writes) and
+    transformers 5's module's (experts fused); ``module``: the module's first, so that the inverse
+    (``state_dict(..., "hf")``) gives what ``MixtralForCausalLM.load_state_dict`` takes."""
     kind = llama_model_type(config)
     head = (Tied("lm_head.weight", "tok_emb.weight") if config.tie_embeddings
             else Map("lm_head.weight", "lm_head.weight"))
@@ -209,10 +238,12 @@ def llama_hf_keymap(config: LlamaConfig) -> KeyMap:
         fused = _PHI3
     else:
         layer += _ATTENTION + (_MOE if kind == "mixtral" else _MLP) + (_QK_NORM if kind == "qwen3" else [])
+    if kind == "mixtral":
+        fused = _moe_fused(config)
+    rows = [Map(f"model.layers.{{i}}.{src}", f"blocks.{{i}}.{dst}") for src, dst in layer]
     return KeyMap(f"{kind} (Hugging Face)", [
         Map("model.embed_tokens.weight", "tok_emb.weight"),
-        *(Map(f"model.layers.{{i}}.{src}", f"blocks.{{i}}.{dst}") for src, dst in layer),
-        *fused,
+        *((fused + rows) if module else (rows + fused)),
         Map("model.norm.weight", "norm_f.weight"),
         head,
         Drop("model.layers.{i}.self_attn.rotary_emb.inv_freq"),  # older files saved RoPE's buffer
