@@ -127,6 +127,8 @@ def generate(source: str | Path, prompt: str | list[str], max_new_tokens: int = 
                           bool(out) and out[-1] in eos, reached)
 
     if not isinstance(prompt, str):
+        if on_text is not None:
+            raise GptconvError("on_text streams one prompt; a list of prompts returns its Generations at the end")
         done = (lambda out: _first_stop(tok.decode(out), stops) is not None) if stops else None
         outs = generate_batch(model, prompt_ids, max_new_tokens, pad_id=_pad_id(tok), done=done, **options)
         return [finish(t, ids, out) for t, ids, out in zip(texts, prompt_ids, outs)]
@@ -140,12 +142,23 @@ def generate(source: str | Path, prompt: str | list[str], max_new_tokens: int = 
         reached = _first_stop(new, stops)
         if reached is not None:
             new = new[:new.index(reached)]
-        if not new.endswith("\ufffd"):  # wait for the rest of a multi-byte character
+        else:  # hold back an end that may yet become a stop string: what is shown is never taken back
+            new = new[:len(new) - _stop_prefix(new, stops)]
+        if not new.endswith("\ufffd") and len(new) > len(shown):  # wait for the rest of a multi-byte character
             say(new[len(shown):])
             shown = new
         if reached is not None:
             break
-    return finish(texts[0], prompt_ids[0], out)
+    final = finish(texts[0], prompt_ids[0], out)
+    if len(final.text) > len(shown):  # what was held back, now that no stop string can complete it
+        say(final.text[len(shown):])
+    return final
+
+
+def _stop_prefix(text: str, stops: list[str]) -> int:
+    """The length of the longest end of ``text`` that a stop string begins with (0 if none)."""
+    return max((n for s in stops for n in range(min(len(s) - 1, len(text)), 0, -1) if text.endswith(s[:n])),
+               default=0)
 
 
 def _first_stop(text: str, stops: list[str]) -> str | None:

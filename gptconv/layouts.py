@@ -44,8 +44,10 @@ def state_dict(source: str | Path, layout: str | KeyMap = "gptconv", dtype: str 
     _check_complete(keymap, weights, src)
     stored = weights.stored_as(keymap)
     out = {s.name: tensor.to(dt, copy=True) for s, tensor in zip(stored, weights.written(stored))}
-    for rule in keymap.rules:  # a tied copy (transformers' lm_head.weight) shares its original
-        if rule.kind == "tied" and "{" not in rule.source and rule.source not in out and rule.target in weights.shapes:
+    tied = getattr(src.config, "tie_embeddings", True)  # GPT-2 and Gemma always tie their head
+    for rule in keymap.rules:  # a tied copy (transformers' lm_head.weight) shares its original, when tied
+        if (rule.kind == "tied" and "{" not in rule.source and rule.source not in out and rule.target in weights.shapes
+                and (tied or rule.target != "tok_emb.weight")):
             out[rule.source] = out[keymap.source_name(rule.target, src.config)[0]]
     return out
 
@@ -54,13 +56,21 @@ def _check_complete(keymap: KeyMap, weights: Weights, src) -> None:
     """Every one of our parameters has a row in ``keymap``; else one error naming, in the checkpoint's
     own names, the tensors the table leaves out (layers folded into ``{i}``)."""
     left: dict[str, str] = {}
+    count = 0
     for target in weights.shapes:
         try:
             keymap.rule_for(target, src.config)
         except GptconvError:
+            count += 1
             theirs = src.keymap.source_name(target, src.config)[0]
-            left.setdefault(re.sub(r"\.\d+\.", ".{i}.", theirs), re.sub(r"\.\d+\.", ".{i}.", target))
+            left.setdefault(_pattern(theirs), _pattern(target))
     if left:
         listed = ", ".join(f"'{theirs}' (ours '{ours}')" for theirs, ours in list(left.items())[:6])
-        more = f" and {len(left) - 6} more" if len(left) > 6 else ""
-        raise GptconvError(f"key map {keymap.name}: no row takes {len(left)} of {src.name}'s tensors: {listed}{more}")
+        more = f" and {len(left) - 6} more kinds" if len(left) > 6 else ""
+        raise GptconvError(f"key map {keymap.name}: no row takes {count} of {src.name}'s tensors: {listed}{more}")
+
+
+def _pattern(name: str) -> str:
+    """A name with its layer number as {i} and an expert's as {j}: the rows a table writes."""
+    numbers = iter(("{i}", "{j}", "{k}"))
+    return re.sub(r"(?<=\.)\d+(?=\.)", lambda m: next(numbers, m.group()), name)

@@ -141,3 +141,25 @@ def test_top_p_samples_only_the_nucleus():
     assert (every > 0).all()
     with pytest.raises(gptconv.GptconvError, match="--top-p 1.5"):
         gptconv.generate("nowhere", "x", top_p=1.5)
+
+
+def test_streamed_text_never_shows_a_stop_string_or_its_start(llamas):
+    """on_text pieces are never taken back: an end that may still become a stop string waits."""
+    folder = llamas["llama3-gqa"]
+    prompt = "Down, down, down. Would the fall never come to an end?"
+    whole = gptconv.generate(folder, prompt, 24).text
+    tried = 0
+    for k in range(0, len(whole) - 4, 2):
+        stop = whole[k:k + 4]
+        if "\ufffd" in stop:
+            continue
+        pieces: list[str] = []
+        g = gptconv.generate(folder, prompt, 24, stop=stop, on_text=pieces.append)
+        assert "".join(pieces[1:]) == g.text == whole[:whole.index(stop)], stop
+        tried += 1
+    assert tried >= 3
+    pieces = []
+    g = gptconv.generate(folder, prompt, 24, stop="@@never@@", on_text=pieces.append)
+    assert "".join(pieces[1:]) == g.text == whole  # held back nothing for good
+    with pytest.raises(gptconv.GptconvError, match="on_text streams one prompt"):
+        gptconv.generate(folder, [prompt, prompt], 4, on_text=print)

@@ -141,6 +141,7 @@ def test_progress_on_a_terminal_only_and_off_with_quiet_or_json(ckpts, tmp_path)
             code, err = _on_a_terminal(*args_now, *extra)
             assert code == 0, (name, extra, err)
             assert (f"{bar}:" in err) == shown, (name, extra, err)
+            assert name != "export" or "windows:" not in err  # no --check, no perplexity windows
             if not shown:
                 assert err == "", (name, extra, err)
         r = run_cli(*args)  if name != "export" else run_cli(*[str(a).format("pipe") for a in args])
@@ -155,3 +156,20 @@ def test_streamed_verify_counts_blocks(ckpts):
     n_inputs = len(report.inputs)
     total = n_inputs * 2 * gptconv.open_source(ckpts["tiny"]).config.n_layers  # ours and the reference, each block
     assert seen == [(k, total) for k in range(1, total + 1)]
+
+
+def test_json_source_lists_what_a_load_reads_and_trusts_no_file_name(ckpts, tmp_path):
+    import shutil
+    from gptconv.cli.envelope import described
+    folder = tmp_path / "tiny"
+    shutil.copytree(ckpts["tiny"], folder)
+    (folder / "tf_model.h5").write_bytes(b"\0" * 1000)  # another format, which no load reads
+    names = {f["name"] for f in described(folder)["files"]}
+    assert "model.safetensors" in names and "config.json" in names and "tf_model.h5" not in names
+    from gptconv.writers import export
+    gguf = export(str(ckpts["tiny"]), tmp_path / "t.gguf", "gguf", "f32").out
+    named = tmp_path / ("a" * 64)  # a name that looks like a content hash, outside the Hub cache
+    gguf.rename(named)
+    (tmp_path / "model.gguf").symlink_to(named)
+    (only,) = described(tmp_path / "model.gguf")["files"]
+    assert only["sha256"] == _sha256(named) != "a" * 64

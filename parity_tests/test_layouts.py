@@ -109,7 +109,7 @@ def test_an_incomplete_table_names_the_tensors_it_leaves_out(ckpts):
     with pytest.raises(gptconv.GptconvError) as e:
         gptconv.state_dict(ckpts["tiny"], layout=table)
     message = str(e.value)
-    assert "key map mine: no row takes 4 of" in message and "\n" not in message
+    assert "key map mine: no row takes 6 of" in message and "\n" not in message  # 2 layers × 2 + ln_f's 2
     for theirs, ours in [("transformer.h.{i}.mlp.c_fc.weight", "blocks.{i}.mlp.fc.weight"),
                          ("transformer.ln_f.bias", "norm_f.bias")]:
         assert f"'{theirs}' (ours '{ours}')" in message
@@ -133,3 +133,14 @@ def test_mixtral_in_transformers_fused_layout_imports_too(families, tmp_path):
     with torch.no_grad():
         assert torch.equal(gptconv.load(tmp_path / "fused")(ids), gptconv.load(folder)(ids))
     assert set(gptconv.state_dict(folder, "hf")) == set(hf.state_dict())
+
+
+def test_a_tied_row_adds_nothing_to_an_untied_model(llamas):
+    from gptconv.convert.keymap import KeyMap
+    table = KeyMap("meta", meta_llama.META.rules)  # its Tied("output.weight", …) is for tied checkpoints
+    untied = gptconv.state_dict(llamas["llama3-gqa"], layout=table)
+    assert torch.equal(untied["output.weight"], gptconv.load(llamas["llama3-gqa"]).lm_head.weight)
+    from gptconv.convert.keymap import Tied
+    extra = KeyMap("x", [*meta_llama.META.rules, Tied("head_copy.weight", "tok_emb.weight")])
+    assert "head_copy.weight" not in gptconv.state_dict(llamas["llama3-gqa"], layout=extra)
+    assert "head_copy.weight" in gptconv.state_dict(llamas["tied"], layout=extra)

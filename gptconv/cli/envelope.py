@@ -31,18 +31,25 @@ def versions() -> dict[str, str | None]:
 
 def described(source: str | Path, revision: str | None = None) -> dict[str, Any]:
     """Where SOURCE resolved to (from the cache the command just used: no Hub request) and its files."""
+    from ..sources.hub import files_to_fetch
     path, repo = resolve(source, revision, prefer_cache=True)
     in_cache = repo is not None and path.parent.name == "snapshots"
-    files = sorted(p for p in path.iterdir() if p.is_file()) if path.is_dir() else [path]
+    if path.is_dir():  # the files a load reads (what a pull fetches), not everything beside them
+        used = set(files_to_fetch([p.name for p in path.iterdir() if p.is_file()]))
+        files = sorted(p for p in path.iterdir() if p.name in used)
+    else:
+        files = [path]
     return {"name": str(source), "repo": repo, "revision": revision, "commit": path.name if in_cache else None,
             "path": str(path), "files": [_file(p) for p in files]}
 
 
 def _file(path: Path) -> dict[str, Any]:
-    """Size and sha256; a Hub cache names a weight file's blob by its sha256, which is not read again."""
-    blob = path.resolve().name
+    """Size and sha256; the Hub cache names a weight file's blob by its sha256 (checked when it was
+    downloaded), which is not read again. Anywhere else a name proves nothing: the file is read."""
+    real = path.resolve()
+    in_cache = real.parent.name == "blobs" and real.parent.parent.name.startswith("models--")
     return {"name": path.name, "bytes": path.stat().st_size,
-            "sha256": blob if _SHA256.fullmatch(blob) else _sha256(path)}
+            "sha256": real.name if in_cache and _SHA256.fullmatch(real.name) else _sha256(path)}
 
 
 def _sha256(path: Path) -> str:

@@ -330,7 +330,8 @@ def export(source: str, fmt: str, dtype: str, output: Path, max_shard_bytes: int
     """Write SOURCE as an HF-layout safetensors folder or a GGUF file llama.cpp runs."""
     from ..api import export as export_
     start = time.perf_counter()
-    with progress_bar(as_json or quiet, "tensors", "tensor") as tensors, progress_bar(as_json or quiet) as windows:
+    with progress_bar(as_json or quiet, "tensors", "tensor") as tensors, \
+            progress_bar(as_json or quiet or check_text is None) as windows:
         summary = export_(source, output, fmt, dtype, max_shard_bytes, force, clamp, revision,
                           check=check_text, check_ctx=check_ctx, check_in=engine, on_window=windows, on_tensor=tensors)
     if as_json:
