@@ -54,6 +54,10 @@ def test_one_set_of_dtype_names_with_the_long_ones_as_synonyms(ckpts, tmp_path):
         assert r.returncode == 0, r.stderr
         digests.append(hashlib.sha256(out.read_bytes()).hexdigest())
     assert len(set(digests)) == 1
+    from gptconv.writers import export
+    (tmp_path / "api").mkdir()
+    api = export(str(tiny), tmp_path / "api" / "m.gguf", "gguf", "float16").out  # the library takes them too
+    assert hashlib.sha256(api.read_bytes()).hexdigest() == digests[0]
     r = run_cli("trace", tiny, "--ids", "1", "--dtype", "q4_k_m")  # a storage type, not a compute dtype
     assert r.returncode == 2 and "choose f32, bf16, f16" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 

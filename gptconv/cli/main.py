@@ -21,7 +21,7 @@ import click
 
 from ..errors import GptconvError, first_line
 from ..output import Terminated
-from ..writers.tensors import EXPORT_DTYPES, LLAMA_QUANTS
+from ..writers.tensors import DTYPE_SYNONYMS, EXPORT_DTYPES, LLAMA_QUANTS
 from . import render
 from .envelope import envelope
 
@@ -169,7 +169,7 @@ class DType(click.ParamType):
     float16 and bfloat16 (fp32, fp16) taken as synonyms. ``long``: give the library torch's names."""
 
     name = "dtype"
-    SYNONYMS = {"float32": "f32", "fp32": "f32", "float16": "f16", "fp16": "f16", "half": "f16", "bfloat16": "bf16"}
+    SYNONYMS = DTYPE_SYNONYMS
     LONG = {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}
 
     def __init__(self, choices: list[str], long: bool = False) -> None:

@@ -22,7 +22,8 @@ from ..output import atomic_output, check_output
 from ..tokenizer import load_tokenizer
 from .gguf_file import type_choices, write_gguf
 from .hf_folder import write_hf_folder
-from .tensors import EXPORT_DTYPES, LLAMA_QUANTS, ExportedFile, ExportSummary, Narrowing, TensorChoice, Weights
+from .tensors import (DTYPE_SYNONYMS, EXPORT_DTYPES, LLAMA_QUANTS, ExportedFile, ExportSummary, Narrowing,
+                      TensorChoice, Weights)
 
 SHARD_BYTES = 5 * 10**9  # transformers' default max_shard_size
 
@@ -35,6 +36,7 @@ def export(source: str | Path, out: str | Path, format: str = "safetensors", dty
     ``max_shard_bytes``) or a GGUF file (``format="gguf"``). ``on_tensor(done, total)``: progress."""
     if format not in ("safetensors", "gguf"):
         raise GptconvError(f"--format '{format}': choose safetensors or gguf")
+    dtype = DTYPE_SYNONYMS.get(str(dtype).lower(), str(dtype).lower())
     if dtype not in EXPORT_DTYPES and dtype not in LLAMA_QUANTS:
         raise GptconvError(f"--dtype '{dtype}': choose one of {', '.join([*EXPORT_DTYPES, *LLAMA_QUANTS])}")
     if (dtype == "q8_0" or dtype in LLAMA_QUANTS) and format != "gguf":

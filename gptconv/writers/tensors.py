@@ -17,6 +17,8 @@ from ..models import build_empty
 from ..results import Result
 
 F16_MAX = 65504.0
+# One set of dtype names everywhere (f32, f16, bf16, q8_0, …); torch's long names are synonyms
+DTYPE_SYNONYMS = {"float32": "f32", "fp32": "f32", "float16": "f16", "fp16": "f16", "half": "f16", "bfloat16": "bf16"}
 EXPORT_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16, "q8_0": None}
 # GGUF types made by llama.cpp's own quantizer (llama-quantize's mixes) from an f32 GGUF we write first
 LLAMA_QUANTS = {name: name.upper() for name in ("q4_0", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k_s", "q3_k_m",
