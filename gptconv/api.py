@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from .decoding import generate_batch, generate_tokens
+from .decoding import check_top_p, generate_batch, generate_tokens
 from .devices import parse_device
 from .errors import GptconvError, NoTokenizer, where
 from .loader import Source, load_source, open_source, parse_dtype
@@ -102,8 +102,7 @@ def generate(source: str | Path, prompt: str | list[str], max_new_tokens: int = 
 
     A list of prompts (different lengths welcome) runs as one padded batch and gives a list: each
     prompt the tokens it gets alone (greedy: the same tokens), each stopping on its own."""
-    if top_p is not None and not 0.0 < top_p <= 1.0:
-        raise GptconvError(f"--top-p {top_p}: use a probability in (0, 1]")
+    check_top_p(top_p)  # before anything loads
     device = parse_device(device)
     stops = [stop] if isinstance(stop, str) else list(stop or [])
     if any(not s for s in stops):
@@ -398,7 +397,7 @@ def perplexity(source: str | Path, text_file: str | Path, ctx: int = 512, agains
     library("--in llama.cpp")
     if src.format != "gguf":
         raise where(src.path, "--in llama.cpp runs a GGUF file (export one with `gptconv export --format gguf`)")
-    if dtype != "float32":
+    if parse_dtype(dtype) != torch.float32:
         raise GptconvError(f"--dtype {dtype}: llama.cpp runs the file as stored")
     with LlamaCpp(src.path, ctx) as llm:
         ids = llm.tokenize(text)

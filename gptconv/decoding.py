@@ -20,8 +20,7 @@ def next_token(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None
                generator: torch.Generator | None = None, top_p: float | None = None) -> torch.Tensor:
     """logits (B, V) → ids (B,): greedy when ``temperature == 0``, else sampled from the k most likely
     (``top_k``) and, of those, the fewest whose probabilities reach ``top_p`` (nucleus sampling)."""
-    if top_p is not None and not 0.0 < top_p <= 1.0:
-        raise ValueError(f"top_p {top_p}: a probability in (0, 1]")
+    check_top_p(top_p)
     if temperature <= 0:
         return logits.argmax(dim=-1)
     logits = logits.float() / temperature
@@ -35,6 +34,11 @@ def next_token(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None
         logits = logits.scatter(-1, order, ranked.masked_fill(beyond, float("-inf")))
     probs = torch.softmax(logits, dim=-1)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+def check_top_p(top_p: float | None) -> None:
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise GptconvError(f"--top-p {top_p}: use a probability in (0, 1]")
 
 
 def _check_prompt(prompt: list[int], limit: int) -> None:

@@ -117,22 +117,12 @@ SOURCE: a Hub repo id (owner/name), an alias (`gptconv aliases`), an HF folder, 
 commit, path, files: [{name, bytes, sha256}]}, seconds, result}."""
 
 
-def _versions() -> str:
-    import importlib.metadata
-
-    from .. import __version__
-    found = []
-    for package in ("torch", "transformers", "llama-cpp-python", "gguf"):
-        try:
-            found.append(f"{package} {importlib.metadata.version(package)}")
-        except importlib.metadata.PackageNotFoundError:
-            found.append(f"{package} not installed")
-    return f"gptconv {__version__} ({', '.join(found)})"
-
-
 def _print_version(ctx: click.Context, _param, value: bool) -> None:
     if value and not ctx.resilient_parsing:
-        click.echo(_versions())
+        from .envelope import versions
+        found = versions()
+        others = (f"{name} {found[name] or 'not installed'}" for name in ("torch", "transformers", "llama-cpp-python", "gguf"))
+        click.echo(f"gptconv {found['gptconv']} ({', '.join(others)})")
         ctx.exit()
 
 

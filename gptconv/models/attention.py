@@ -36,10 +36,15 @@ class Padding:
         positions = (mask.long().cumsum(1) - 1).clamp_min(0)      # (B, T): real tokens before each one
         return cls(positions, mask, positions)
 
-    @property
-    def length(self) -> int:
-        """Positions the longest sequence reaches (what the model's context must hold)."""
-        return int(self.positions.max()) + 1
+    @staticmethod
+    def reach(pad: Padding | None, start: int, t: int) -> int:
+        """Positions a step reaches (what the model's context must hold): start + t, or with padding
+        the longest sequence's."""
+        return start + t if pad is None else int(pad.positions.max()) + 1
+
+    @staticmethod
+    def positions_of(pad: Padding | None) -> torch.Tensor | None:
+        return None if pad is None else pad.positions
 
     def mask(self, window: int | None) -> torch.Tensor:
         """(B, 1, T, N) booleans: True where a query may see a key."""

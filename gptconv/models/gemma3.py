@@ -22,7 +22,7 @@ from .attention import Padding, causal_attention
 from .config_checks import check_range, check_rope_heads, check_sizes
 from .kv_cache import KVCache
 from .linear import Linear, linear
-from .rope import RopeScaling, rope, rope_angles, rope_angles_at, rope_frequencies
+from .rope import RopeScaling, rope, rope_angles, rope_frequencies
 from .tap import Tap, no_tap
 
 SLIDING, FULL = "sliding_attention", "full_attention"  # HF's layer_types
@@ -111,18 +111,15 @@ class Gemma3(nn.Module):
         B, T = ids.shape
         start = cache.pos if cache is not None else 0
         pad = Padding.of(attention_mask, cache, B, T, ids.device)   # None: nothing padded
-        n = start + T if pad is None else pad.length
+        n = Padding.reach(pad, start, T)
         if n > c.context_length:
             raise GptconvError(f"{n} positions asked for; the model has {c.context_length}")
         # √d rounded to the weights' dtype first, as HF does (in bfloat16 √640 is 25.25, not 25.298)
         x = self.tok_emb(ids) * torch.tensor(c.d_model**0.5).to(self.tok_emb.weight.dtype)  # (B, T, d)
         tap("token_embedding", x)
-        if pad is None:
-            angles = {kind: rope_angles(self.inv_freq(kind, ids.device), start, T, x.dtype)  # (T, hd) each:
-                      for kind in set(c.layer_types)}                                        # local and global RoPE
-        else:
-            angles = {kind: rope_angles_at(self.inv_freq(kind, ids.device), pad.positions, x.dtype)  # (B, 1, T, hd)
-                      for kind in set(c.layer_types)}
+        positions = Padding.positions_of(pad)
+        angles = {kind: rope_angles(self.inv_freq(kind, ids.device), start, T, x.dtype, positions)  # (T, hd) each,
+                  for kind in set(c.layer_types)}                        # local and global RoPE; (B, 1, T, hd) padded
         for i, block in enumerate(self.blocks):
             x = block(x, *angles[c.layer_types[i]], i, cache, tap, pad)  # (B, T, d)
             tap(f"block.{i}", x)

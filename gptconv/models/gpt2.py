@@ -80,7 +80,7 @@ class GPT2(nn.Module):
         B, T = ids.shape
         start = cache.pos if cache is not None else 0
         pad = Padding.of(attention_mask, cache, B, T, ids.device)   # None: nothing padded
-        n = start + T if pad is None else pad.length
+        n = Padding.reach(pad, start, T)
         if n > self.config.context_length:
             raise GptconvError(f"{n} positions asked for; the model has {self.config.context_length}")
         x = self.tok_emb(ids)                                       # (B, T, d)

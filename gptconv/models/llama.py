@@ -18,7 +18,7 @@ from ..errors import GptconvError
 from .attention import Padding, causal_attention
 from .kv_cache import KVCache
 from .linear import Linear, linear
-from .rope import RopeScaling, rope, rope_angles, rope_angles_at, rope_frequencies
+from .rope import RopeScaling, rope, rope_angles, rope_frequencies
 from .config_checks import check_range, check_rope_heads, check_sizes, refuse_training
 from .tap import Tap, no_tap
 
@@ -150,13 +150,11 @@ class Llama(nn.Module):
         B, T = ids.shape
         start = cache.pos if cache is not None else 0
         pad = Padding.of(attention_mask, cache, B, T, ids.device)   # None: nothing padded
-        self._check_length(start + T if pad is None else pad.length)
+        self._check_length(Padding.reach(pad, start, T))
         x = self.tok_emb(ids)                                       # (B, T, d): no position embedding
         tap("token_embedding", x)
-        if pad is None:
-            cos, sin = rope_angles(self.inv_freq(ids.device), start, T, x.dtype)  # (T, hd): used inside attention
-        else:
-            cos, sin = rope_angles_at(self.inv_freq(ids.device), pad.positions, x.dtype)  # (B, 1, T, hd)
+        # (T, hd), or (B, 1, T, hd) when padded: used inside attention
+        cos, sin = rope_angles(self.inv_freq(ids.device), start, T, x.dtype, Padding.positions_of(pad))
         for i, block in enumerate(self.blocks):
             x = block(x, cos, sin, i, cache, tap, pad)              # (B, T, d)
             tap(f"block.{i}", x)

@@ -59,19 +59,16 @@ def rope_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None = 
     return torch.where(medium, blended, scaled)
 
 
-def rope_angles(inv_freq: torch.Tensor, start: int, length: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin of p · θ for positions start … start+length-1: each (T, hd), computed in float32."""
-    positions = torch.arange(start, start + length, device=inv_freq.device, dtype=torch.float32)
-    angles = torch.outer(positions, inv_freq)          # (T, hd / 2)
-    angles = torch.cat((angles, angles), dim=-1)       # (T, hd): the same angle for both halves
-    return angles.cos().to(dtype), angles.sin().to(dtype)
-
-
-def rope_angles_at(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin of p · θ for each sequence's own positions (B, T) (a padded batch): each (B, 1, T, hd),
-    the same values ``rope_angles`` gives for those positions."""
-    angles = positions.to(torch.float32)[..., None] * inv_freq    # (B, T, hd / 2)
-    angles = torch.cat((angles, angles), dim=-1)[:, None]         # (B, 1, T, hd): broadcast over heads
+def rope_angles(inv_freq: torch.Tensor, start: int, length: int, dtype: torch.dtype,
+                positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin of p · θ, computed in float32: for positions start … start+length-1, each (T, hd); given
+    each sequence's own ``positions`` (B, T) instead (a padded batch), each (B, 1, T, hd)."""
+    if positions is None:
+        positions = torch.arange(start, start + length, device=inv_freq.device)
+    angles = positions.to(torch.float32)[..., None] * inv_freq  # (…, T, hd / 2)
+    angles = torch.cat((angles, angles), dim=-1)                 # (…, T, hd): the same angle for both halves
+    if angles.dim() == 3:
+        angles = angles[:, None]                                 # (B, 1, T, hd): broadcast over heads
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
