@@ -6,7 +6,8 @@
 - ``llama-3-8b``: Llama-3-8B's exact config with random bfloat16 weights, in four ~5 GB shards
   with an index, as the Hub stores it (about 16 GB; made with ``--scale`` only).
 
-Each HF folder also gets an F32 GGUF beside it (``model-f32.gguf``) for llama.cpp's decode.
+Each HF folder also gets an F32 and a BF16 GGUF beside it (``model-f32.gguf``, ``model-bf16.gguf``) for
+llama.cpp's prefill and decode.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ def ensure(name: str, root: Path) -> Path:
     if name != "llama-3-8b":
         from ..writers import export
         export(str(folder), folder / "model-f32.gguf", "gguf", "f32")
+        export(str(folder), folder / "model-bf16.gguf", "gguf", "bf16")
     (folder / "done").write_text("")
     return folder
 

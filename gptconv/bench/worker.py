@@ -50,9 +50,31 @@ def case_load(peer: str, folder: Path, opts: dict) -> dict:
     return {"seconds": loaded, "first_logits": time.perf_counter() - start}
 
 
+def _llama_cpp(path: Path, n_ctx: int):
+    import torch
+    from llama_cpp import Llama
+    return Llama(str(path), n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, n_threads=torch.get_num_threads(),
+                 n_threads_batch=torch.get_num_threads(), type_k=0, type_v=0, verbose=False)
+
+
 def case_prefill(peer: str, folder: Path, opts: dict) -> dict:
+    """One forward pass over ``length`` tokens (llama.cpp: its F32 GGUF, evaluated in one batch)."""
     import torch
     dtype = getattr(torch, opts["dtype"])
+    if peer == "llama.cpp":
+        llm = _llama_cpp(folder / "model-f32.gguf", opts["length"] + 8)
+        x = ids(llm.n_vocab(), opts["length"])[0].tolist()
+
+        def run() -> None:
+            llm.reset()
+            llm.eval(x)
+        times = []
+        run()  # warm-up
+        for _ in range(opts.get("repeat", 3)):
+            start = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - start)
+        return {"seconds": statistics.median(times)}
     if peer == "gptconv":
         import gptconv
         model = gptconv.load(folder, dtype=dtype)
@@ -77,9 +99,10 @@ def case_decode(peer: str, folder: Path, opts: dict) -> dict:
     import torch
     new_tokens = opts.get("new_tokens", NEW_TOKENS)
     device, dtype = opts.get("device", "cpu"), getattr(torch, opts.get("dtype", "float32"))
-    if peer == "llama.cpp":
+    if peer == "llama.cpp":  # the GGUF of the dtype asked for (F32 or BF16)
         from llama_cpp import Llama
-        llm = Llama(str(folder / "model-f32.gguf"), n_ctx=PROMPT_LEN + new_tokens + 8, n_threads=torch.get_num_threads(),
+        gguf = folder / f"model-{'bf16' if dtype == torch.bfloat16 else 'f32'}.gguf"
+        llm = Llama(str(gguf), n_ctx=PROMPT_LEN + new_tokens + 8, n_threads=torch.get_num_threads(),
                     type_k=0, type_v=0, verbose=False)
         prompt = ids(llm.n_vocab(), PROMPT_LEN)[0].tolist()
 
