@@ -182,3 +182,28 @@ def test_kv_cache_refuses_a_layer_out_of_order():
     cache.update(0, k, k)
     with pytest.raises(ValueError, match="layer 0 stored where layer 1 was expected"):
         cache.update(0, k, k)
+
+
+@pytest.mark.parametrize("dtype,layout", [(torch.float32, "out-in"), (torch.float32, "in-out view"),
+                                          (torch.bfloat16, "out-in"), (torch.bfloat16, "in-out view"),
+                                          (torch.float16, "out-in")])
+@pytest.mark.parametrize("out_features,in_features", [(7, 5), (33, 64), (2304, 768), (768, 3072), (1000, 576)])
+def test_blas_one_row_is_f_linear_bit_for_bit(dtype, layout, out_features, in_features, one_row):
+    """The default one-row product calls the gemv directly where that is exact (float32; bfloat16 with
+    an (out, in) weight) and F.linear elsewhere: either way F.linear's result, bit for bit."""
+    one_row("blas")
+    g = torch.Generator().manual_seed(out_features + in_features)
+    w = torch.randn(out_features, in_features, generator=g).to(dtype)
+    if layout == "in-out view":
+        w = w.t().contiguous().t()
+    b = torch.randn(out_features, generator=g).to(dtype)
+    m = Linear(in_features, out_features, dtype=dtype)
+    with torch.no_grad():
+        m.weight = torch.nn.Parameter(w, requires_grad=False)
+        m.bias.copy_(b)
+        for _ in range(3):
+            x = torch.randn(1, 1, in_features, generator=g).to(dtype)
+            for bias in (None, b):
+                assert torch.equal(linear(x, w, bias), F.linear(x, w, bias))
+            assert torch.equal(m(x), F.linear(x, w, b))
+            assert torch.equal(m(x[0, 0]), F.linear(x[0, 0], w, b))

@@ -178,7 +178,10 @@ class Plan:
             if not torch.equal(copy, tensor):
                 raise GptconvError(f"{self.origin}: tensor '{self._tied_of[target]}' should be a tied copy "
                                    f"of '{key}' but differs from it")
-        return tensor.to(dtype)
+        if tensor.dtype == dtype:
+            return tensor  # as read: a view of the mapped file where the layout allows
+        # converted, so copied anyway: into (out, in) row order, which the one-row bfloat16 gemv needs
+        return tensor.to(dtype, memory_format=torch.contiguous_format)
 
     def _load(self, key: str) -> torch.Tensor:
         """The source tensor ``key``; the last one read is kept, so the parts of a fused tensor
