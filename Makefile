@@ -48,7 +48,7 @@ test: $(STAMP) $(LLAMA_CPP) $(LLAMA_SRC)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 # gptconv beside transformers and llama.cpp, measured in one run (BENCH_ARGS=--scale adds the 8B case)
-bench: $(STAMP) $(LLAMA_CPP)
+bench: $(STAMP) $(LLAMA_CPP) $(LLAMA_SRC)
 	$(BIN)/python -m gptconv.bench $(BENCH_ARGS)
 
 clean:

@@ -9,23 +9,24 @@ from gptconv.bench.__main__ import bench_model, table
 from gptconv.writers import export
 
 
-def test_every_case_runs_and_reports(ckpts, tmp_path):
-    folder = tmp_path / "tiny"
-    shutil.copytree(ckpts["tiny"], folder)
+def test_every_case_runs_and_reports(converter_fixtures, tmp_path):
+    folder = tmp_path / "tiny"  # a tiny GPT-2 with GPT-2's tokenizer, which llama.cpp's converter takes
+    shutil.copytree(converter_fixtures["gpt2"], folder)
     export(str(folder), folder / "model-f32.gguf", "gguf", "f32")  # what llama.cpp runs
     export(str(folder), folder / "model-bf16.gguf", "gguf", "bf16")
     rows = bench_model("tiny", folder, repeat=1, bandwidth=10e9)
     cases = [r.case for r in rows]
-    assert cases == ["load to a ready model", "prefill T=128 float32", "prefill T=128 bfloat16",
-                     "prefill T=128 fp32 vs llama.cpp",
-                     "decode 112 greedy, fp32 (tok/s)", "decode vs llama.cpp, F32 GGUF (tok/s)",
+    assert cases == ["load to a ready model", "prefill T=64 float32", "prefill T=64 bfloat16",
+                     "prefill T=64 fp32 vs llama.cpp",
+                     "decode 48 greedy, fp32 (tok/s)", "decode vs llama.cpp, F32 GGUF (tok/s)",
                      "decode / memory-bandwidth bound", "decode bf16 vs our fp32 (tok/s)",
                      "decode bf16 vs llama.cpp, BF16 GGUF (tok/s)", "export gguf f16: time vs cp", "export gguf f16: peak RSS",
                      "export safetensors f32: time vs cp", "export safetensors f32: peak RSS",
+                     "export GGUF f16 vs llama.cpp's convert_hf_to_gguf.py, whole process",
                      "verify: peak RSS / model bytes"]
     assert all(r.ours > 0 and (r.peer is None or r.peer > 0) for r in rows)
     decode = rows[4]
     assert decode.note == "same tokens as transformers"  # greedy decoding agrees with the peer's
     assert "passed" in rows[-1].note
-    assert "| decode 112 greedy" in table(rows)
+    assert "| decode 48 greedy" in table(rows)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny"]  # the exports were cleaned up

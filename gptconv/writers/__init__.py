@@ -20,7 +20,7 @@ from ..errors import GptconvError, NoTokenizer, where
 from ..loader import open_source
 from ..output import atomic_output, check_output
 from ..tokenizer import load_tokenizer
-from .gguf_file import type_choices, write_gguf
+from .gguf_file import tensor_types, type_choices, write_gguf
 from .hf_folder import write_hf_folder
 from .tensors import (DTYPE_SYNONYMS, EXPORT_DTYPES, LLAMA_QUANTS, ExportedFile, ExportSummary, Narrowing,
                       TensorChoice, Weights)
@@ -65,13 +65,15 @@ def export(source: str | Path, out: str | Path, format: str = "safetensors", dty
         else:
             if tokenizer is None:
                 raise where(src.path, "has no tokenizer, which a GGUF file must carry")
-            if dtype in LLAMA_QUANTS:
+            if dtype in LLAMA_QUANTS:  # the types llama.cpp's quantizer chose: read back from the file
                 files = [_quantized(weights, src, tokenizer, tmp, dtype, narrow, out.name)]
+                types = tensor_types(tmp)
             else:
-                files = [write_gguf(weights, src, tokenizer, tmp, dtype, narrow, out.name)]
+                file, types = write_gguf(weights, src, tokenizer, tmp, dtype, narrow, out.name)
+                files = [file]
     if format == "safetensors":
         return ExportSummary(str(source), out, format, dtype, files)
-    choices = [TensorChoice(*c) for c in type_choices(out, dtype)]
+    choices = [TensorChoice(*c) for c in type_choices(types, dtype)]
     return ExportSummary(str(source), out, format, dtype, files, dict(Counter(c.type for c in choices)), choices)
 
 

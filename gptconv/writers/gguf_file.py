@@ -7,6 +7,7 @@ and tensor table are written, then each tensor is converted and written in turn
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -30,17 +31,32 @@ FILE_TYPES = {"f32": LlamaFileType.ALL_F32, "f16": LlamaFileType.MOSTLY_F16, "bf
 WEIGHT_TYPES = {"f32": Q.F32, "f16": Q.F16, "bf16": Q.BF16, "q8_0": Q.Q8_0}
 
 
-def write_gguf(weights: Weights, src, tokenizer, path: Path, dtype: str, narrow: Narrowing, name: str) -> ExportedFile:
+# (name, shape in GGUF order, type name) of each tensor a GGUF file holds
+TensorTypes = list[tuple[str, tuple[int, ...], str]]
+
+
+def write_gguf(weights: Weights, src, tokenizer, path: Path, dtype: str, narrow: Narrowing,
+               name: str) -> tuple[ExportedFile, TensorTypes]:
+    """The file, and the type each tensor was written in."""
     w = GGUFWriter(str(path), gguf_arch(weights.config))
     with TailHash(path) as sha:  # hashes the file as it grows
         try:
-            _write(w, weights, src, tokenizer, dtype, narrow, name)
+            infos = _write(w, weights, src, tokenizer, dtype, narrow, name)
         finally:
             w.close()
-        return ExportedFile(name, path.stat().st_size, sha.result())
+        types = [(n, tuple(reversed(shape)), qtype.name) for n, shape, qtype in infos]
+        return ExportedFile(name, path.stat().st_size, sha.result()), types
 
 
-def _write(w: GGUFWriter, weights: Weights, src, tokenizer, dtype: str, narrow: Narrowing, name: str) -> None:
+def tensor_types(path: Path) -> TensorTypes:
+    """What a GGUF file says of its tensors (read with gguf-py, whose reader also parses every metadata
+    value: a second or more for a large vocabulary, so the types of a file we wrote come from the writer)."""
+    from gguf import GGUFReader
+    return [(t.name, tuple(int(n) for n in t.shape), t.tensor_type.name) for t in GGUFReader(path).tensors]
+
+
+def _write(w: GGUFWriter, weights: Weights, src, tokenizer, dtype: str, narrow: Narrowing,
+           name: str) -> list[tuple[str, tuple[int, ...], Q]]:
     cfg = weights.config
     keymap = GGUF_ARCHS[gguf_arch(cfg)][1](cfg)
     w.add_name(Path(name).stem)
@@ -71,6 +87,7 @@ def _write(w: GGUFWriter, weights: Weights, src, tokenizer, dtype: str, narrow: 
             write(w.write_tensor_data, data)
         if factors is not None:
             write(w.write_tensor_data, factors.numpy())
+    return infos
 
 
 # Tensors llama.cpp's converter keeps in F32 at any output type, beside every 1-D tensor (norms, biases):
@@ -87,11 +104,11 @@ def _tensor_type(name: str, shape: tuple[int, ...], dtype: str) -> Q:
     return WEIGHT_TYPES[dtype]
 
 
-def type_choices(path: Path, dtype: str) -> list[tuple[str, str, str]]:
+def type_choices(tensors: TensorTypes, dtype: str) -> list[tuple[str, str, str]]:
     """(tensor, type, why) for every tensor of a written GGUF file: why it has the type it has, read
     from what the file holds against the type ``dtype`` names (``Q4_K`` for q4_k_m): the rules that
     made it are ours for f32 … q8_0 (``_tensor_type``) and llama.cpp's quantizer's for the others."""
-    from gguf import GGML_QUANT_SIZES, GGUFReader
+    from gguf import GGML_QUANT_SIZES
     main = re.sub(r"_[sml]$", "", dtype).upper()  # q4_k_m → Q4_K, q8_0 → Q8_0, bf16 → BF16
     main_block = GGML_QUANT_SIZES[Q[main]][0]
 
@@ -100,12 +117,12 @@ def type_choices(path: Path, dtype: str) -> list[tuple[str, str, str]]:
         return 8 * size / block
 
     out = []
-    for t in GGUFReader(path).tensors:
-        name, kind, row = t.name, t.tensor_type.name, int(t.shape[0])  # shape in GGUF order: rows first
+    for name, shape, kind in tensors:
+        row = shape[0]  # shape in GGUF order: rows first
         role = "output head" if name == "output.weight" else "token embedding"
         if kind == main:
             why = f"{dtype}'s type"
-        elif len(t.shape) < 2 or t.n_elements == row:
+        elif len(shape) < 2 or math.prod(shape) == row:
             why = "1-D (a norm or bias): kept F32"
         elif KEEP_F32.fullmatch(name):
             why = "llama.cpp keeps it unquantized (a router or learned positions)"
