@@ -42,7 +42,9 @@ def vocab_of_folder(folder: Path, cfg: Any, tk: HFTokenizer, chat_template: str 
     with config ``cfg`` (ours)."""
     folder, n_vocab = Path(folder), cfg.vocab_size
     config = read_json_object(folder / "tokenizer_config.json")
-    spec = json.loads(tk.to_str())
+    tokenizer_json = read_json_object(folder / "tokenizer.json")  # read once: tens of MB for a large vocabulary
+    # the tokenizer's own description: its file, or (built from vocab.json + merges.txt) as tokenizers writes it
+    spec = tokenizer_json if tokenizer_json.get("model") else json.loads(tk.to_str())
     model = spec.get("model") or {}
     if (folder / "tokenizer.model").is_file():
         vocab = _from_sentencepiece(folder, config, n_vocab)
@@ -52,7 +54,7 @@ def vocab_of_folder(folder: Path, cfg: Any, tk: HFTokenizer, chat_template: str 
         vocab = _from_byte_level_bpe(folder, tk, spec, n_vocab, gguf_arch(cfg))
     else:
         raise where(folder, f"a {model.get('type')} tokenizer cannot be written to GGUF (BPE and SentencePiece can)")
-    vocab.special, vocab.add = _special_tokens(folder, config, len(vocab.tokens))
+    vocab.special, vocab.add = _special_tokens(folder, config, tokenizer_json, len(vocab.tokens))
     vocab.chat_template = chat_template
     if gguf_arch(cfg) == "llama" and isinstance(config.get("add_prefix_space"), bool):  # the converter's Llama rule
         vocab.add_space_prefix = config["add_prefix_space"]
@@ -101,8 +103,8 @@ def _from_byte_fallback_bpe(folder: Path, tk: HFTokenizer, model: dict, n_vocab:
 
 def _from_byte_level_bpe(folder: Path, tk: HFTokenizer, spec: dict, n_vocab: int, arch: str) -> GGUFVocab:
     tokens, types = _tokens(folder, tk, n_vocab)
-    merges = [m if isinstance(m, str) else " ".join("".join(chr(ord(c) + 256) if c == " " else c for c in part)
-                                                     for part in m)
+    # a merge given as a pair writes its spaces as byte-level BPE's "Ġ" (the byte 0x20 shifted by 256)
+    merges = [m if isinstance(m, str) else " ".join(part.replace(" ", "\u0120") for part in m)
               for m in spec["model"].get("merges", [])]
     vocab = GGUFVocab("gpt2", None, tokens, types, merges=merges)
     vocab.pre = _pre_tokenizer_name(folder, tk, vocab, first="qwen2" if arch in ("qwen2", "qwen3") else None)
@@ -151,9 +153,10 @@ def _tokens(folder: Path, tk: HFTokenizer, n_vocab: int) -> tuple[list[str], lis
     return tokens, types
 
 
-def _special_tokens(folder: Path, config: dict, n_vocab: int) -> tuple[dict[str, int], dict[str, bool]]:
-    """(special token ids, add-BOS/EOS flags) as ``gguf.SpecialVocab`` finds them."""
-    tokenizer_json = read_json_object(folder / "tokenizer.json")
+def _special_tokens(folder: Path, config: dict, tokenizer_json: dict,
+                    n_vocab: int) -> tuple[dict[str, int], dict[str, bool]]:
+    """(special token ids, add-BOS/EOS flags) as ``gguf.SpecialVocab`` finds them (``tokenizer_json``:
+    the folder's tokenizer.json, {} without one)."""
     special: dict[str, int] = {}
     add: dict[str, bool] = {}
     names = {kind: token_content(config.get(f"{kind}_token")) for kind in ID_KEYS}
