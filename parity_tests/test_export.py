@@ -162,3 +162,18 @@ def test_narrowing_to_float16_range():
         Narrowing("m", clamp=False)("w", t, torch.float16)
     got = Narrowing("m", clamp=True)("w", t, torch.float16)
     assert got[10, 3].item() == -65504 and torch.equal(got[11:], t[11:].half())
+
+
+@pytest.mark.parametrize("src_dtype,dtype", [(torch.bfloat16, torch.float16), (torch.float16, torch.bfloat16)])
+def test_16_bit_to_16_bit_goes_through_float32_exactly(src_dtype, dtype, monkeypatch):
+    """bf16 ↔ f16 is converted through float32 a piece at a time (3× faster than torch's direct
+    conversion): the same values, infinities and NaN included, across piece boundaries."""
+    from gptconv.writers import tensors
+    t = (torch.randn(600_001) * 300).to(src_dtype)
+    t[[0, 262_144, 600_000]] = torch.tensor([float("inf"), float("nan"), 7e4]).to(src_dtype)
+    for piece in (tensors._PIECE, 1000):
+        monkeypatch.setattr(tensors, "_PIECE", piece)
+        out = torch.empty(t.shape, dtype=dtype)
+        tensors._copy(out, t)
+        want = t.to(dtype)
+        assert torch.equal(out.isnan(), want.isnan()) and torch.equal(out.nan_to_num(), want.nan_to_num())

