@@ -93,3 +93,20 @@ def test_training_features_gptconv_lacks_are_refused_by_name(families, tmp_path)
     with pytest.raises(gptconv.GptconvError, match="asks for resid_pdrop 0.1, which gptconv does not implement"):
         model.train()
     model.eval()  # eval is always fine
+
+
+@pytest.mark.parametrize("fixture,name", FAMILIES)
+def test_training_after_generating_with_the_same_model(request, fixture, name):
+    """Generation runs in inference mode; what a model caches on its first forward there (RoPE
+    frequencies) must not stop it training afterwards, nor change what it generates."""
+    from gptconv.decoding import generate_ids
+    model = gptconv.load(folder_of(request, fixture, name))
+    before = generate_ids(model, [1, 2, 3], 5)
+    model.train()
+    for p in model.parameters():
+        p.requires_grad_(True)
+    ids = random_ids(model.config.vocab_size, 12)
+    loss_of(model(ids), ids).backward()
+    assert all(p.grad is not None for p in model.parameters() if p.dim() > 1)
+    model.eval()
+    assert generate_ids(model, [1, 2, 3], 5) == before
