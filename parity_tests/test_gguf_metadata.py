@@ -52,3 +52,31 @@ def test_gpt2_positions_stay_f32(ckpts, tmp_path):
         types = {t.name: t.tensor_type.name for t in GGUFReader(out).tensors}
         assert types["position_embd.weight"] == "F32", dtype  # as llama.cpp's converter keeps it
         assert types["token_embd.weight"] == dtype.upper()
+
+
+@pytest.mark.parametrize("edit", ["model without its type", "merges as strings"])
+def test_a_tokenizer_json_tokenizers_reads_gives_the_same_vocabulary(ckpts, tmp_path, edit):
+    """The GGUF vocabulary is read from the folder's tokenizer.json; forms tokenizers accepts (a model
+    without its "type", which it infers; merges as "a b" strings) write the same tokenizer keys."""
+    import shutil
+
+    from gptconv.loader import open_source
+    from gptconv.tokenizer import load_tokenizer
+    base = tmp_path / "base"
+    shutil.copytree(ckpts["tiny"], base)
+    spec = json.loads(load_tokenizer(open_source(base)).tk.to_str())
+    for f in ("vocab.json", "merges.txt"):
+        (base / f).unlink(missing_ok=True)
+    (base / "tokenizer.json").write_text(json.dumps(spec))
+    variant = tmp_path / "variant"
+    shutil.copytree(base, variant)
+    if edit == "model without its type":
+        del spec["model"]["type"]
+    else:
+        spec["model"]["merges"] = [m if isinstance(m, str) else " ".join(m) for m in spec["model"]["merges"]]
+    (variant / "tokenizer.json").write_text(json.dumps(spec))
+    keys = []
+    for folder in (base, variant):
+        export(str(folder), tmp_path / f"{folder.name}.gguf", "gguf", "f32")
+        keys.append({k: v for k, v in fields(tmp_path / f"{folder.name}.gguf").items() if k.startswith("tokenizer.")})
+    assert keys[0] == keys[1] and keys[0]["tokenizer.ggml.merges"]

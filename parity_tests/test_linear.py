@@ -207,3 +207,40 @@ def test_blas_one_row_is_f_linear_bit_for_bit(dtype, layout, out_features, in_fe
                 assert torch.equal(linear(x, w, bias), F.linear(x, w, bias))
             assert torch.equal(m(x), F.linear(x, w, b))
             assert torch.equal(m(x[0, 0]), F.linear(x[0, 0], w, b))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_strided_and_degenerate_rows_are_f_linear_too(dtype, one_row):
+    """Rows the gemv would round differently from F.linear (a strided row, a transposed size-1
+    dimension, a single input or output) take F.linear: the default product stays F.linear's result."""
+    one_row("blas")
+    g = torch.Generator().manual_seed(3)
+    rows = [torch.randn(1, 1, 64, generator=g)[..., ::2], torch.randn(1, 32, 1, generator=g).transpose(1, 2),
+            torch.randn(1, generator=g).expand(1, 32), torch.randn(1, 1, 64, generator=g)[..., 32:]]
+    for x in rows:
+        x = x.to(dtype)
+        for w in (torch.randn(7, 32, generator=g), torch.randn(32, 7, generator=g).t()):
+            w = w.to(dtype)
+            for bias in (None, torch.randn(7, generator=g).to(dtype)):
+                assert torch.equal(linear(x, w, bias), F.linear(x, w, bias))
+    for w, x in ((torch.randn(5, 1, generator=g), torch.randn(1, 1, generator=g)),
+                 (torch.randn(1, 16, generator=g), torch.randn(1, 16, generator=g))):
+        b = torch.randn(w.size(0), generator=g).to(dtype)
+        assert torch.equal(linear(x.to(dtype), w.to(dtype), b), F.linear(x.to(dtype), w.to(dtype), b))
+
+
+def test_blocks_product_gives_gradients_after_a_no_grad_use(one_row):
+    """The block views are made once; made under no_grad they carry no gradient, so a forward that
+    needs one takes F.linear."""
+    one_row("blocks")
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        m = Linear(48, 64)
+        x = torch.randn(1, 48)
+        with torch.no_grad():
+            m(x)
+        m(x).sum().backward()
+        assert m.weight.grad is not None and m.weight.grad.abs().sum() > 0
+    finally:
+        torch.set_num_threads(old)

@@ -44,7 +44,9 @@ def vocab_of_folder(folder: Path, cfg: Any, tk: HFTokenizer, chat_template: str 
     config = read_json_object(folder / "tokenizer_config.json")
     tokenizer_json = read_json_object(folder / "tokenizer.json")  # read once: tens of MB for a large vocabulary
     # the tokenizer's own description: its file, or (built from vocab.json + merges.txt) as tokenizers writes it
-    spec = tokenizer_json if tokenizer_json.get("model") else json.loads(tk.to_str())
+    # (a file whose model omits its "type", which tokenizers infers, is described by tokenizers)
+    model = tokenizer_json.get("model")
+    spec = tokenizer_json if isinstance(model, dict) and model.get("type") else json.loads(tk.to_str())
     model = spec.get("model") or {}
     if (folder / "tokenizer.model").is_file():
         vocab = _from_sentencepiece(folder, config, n_vocab)

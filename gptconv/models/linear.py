@@ -75,9 +75,18 @@ def _gemv_equals_linear(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Where torch.mv / addmv give F.linear's result bit for bit (tested): float32 in any layout,
     bfloat16 with an (out, in) contiguous weight (a transposed bfloat16 weight with a bias rounds
     differently in F.linear for some shapes)."""
-    if x.dtype != weight.dtype or not _one_row_on_cpu(x):
+    if x.dtype != weight.dtype or not _one_row_on_cpu(x) or not _plain_row(x):  # a strided row: F.linear
+        return False
+    if min(weight.shape) < 2:  # a single input or output: F.linear takes another path there
         return False
     return x.dtype == torch.float32 or x.dtype == torch.bfloat16 and weight.is_contiguous()
+
+
+def _plain_row(x: torch.Tensor) -> bool:
+    """A single row laid out as a new tensor of its shape would be (F.linear takes other paths for
+    other strides, even over size-1 dimensions, and rounds differently there)."""
+    d = x.size(-1)
+    return x.stride(-1) == 1 and all(s == d for s in x.stride()[:-1])
 
 
 def _blas(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -129,7 +138,8 @@ class Linear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         product = one_row_product()  # read (and checked) at the first forward, prompt or not
-        if product == "blas" or not _one_row_on_cpu(x):
+        wants_grad = torch.is_grad_enabled() and (self.weight.requires_grad or x.requires_grad)
+        if product == "blas" or not _one_row_on_cpu(x) or wants_grad:  # the block views carry no gradient
             return _blas(x, self.weight, self.bias)
         w = self.weight
         # the views hold the weight's memory: remade when that memory changes (``.data =``, ``.to()``)
