@@ -63,32 +63,26 @@ def case_prefill(peer: str, folder: Path, opts: dict) -> dict:
     dtype = getattr(torch, opts["dtype"])
     if peer == "llama.cpp":
         llm = _llama_cpp(folder / "model-f32.gguf", opts["length"] + 8)
-        x = ids(llm.n_vocab(), opts["length"])[0].tolist()
+        tokens = ids(llm.n_vocab(), opts["length"])[0].tolist()
 
-        def run() -> None:
+        def forward() -> None:
             llm.reset()
-            llm.eval(x)
-        times = []
-        run()  # warm-up
-        for _ in range(opts.get("repeat", 3)):
-            start = time.perf_counter()
-            run()
-            times.append(time.perf_counter() - start)
-        return {"seconds": statistics.median(times)}
-    if peer == "gptconv":
+            llm.eval(tokens)
+    elif peer == "gptconv":
         import gptconv
         model = gptconv.load(folder, dtype=dtype)
-        vocab, forward = model.config.vocab_size, lambda x: model(x)
+        x = ids(model.config.vocab_size, opts["length"])
+        forward = lambda: model(x)  # noqa: E731
     else:
         model = hf_model(folder, dtype)
-        vocab, forward = model.config.vocab_size, lambda x: model(x, use_cache=False).logits
-    x = ids(vocab, opts["length"])
+        x = ids(model.config.vocab_size, opts["length"])
+        forward = lambda: model(x, use_cache=False).logits  # noqa: E731
     times = []
     with torch.no_grad():
-        forward(x)  # warm-up
+        forward()  # warm-up
         for _ in range(opts.get("repeat", 3)):
             start = time.perf_counter()
-            forward(x)
+            forward()
             times.append(time.perf_counter() - start)
     return {"seconds": statistics.median(times)}
 
@@ -100,10 +94,8 @@ def case_decode(peer: str, folder: Path, opts: dict) -> dict:
     new_tokens = opts.get("new_tokens", NEW_TOKENS)
     device, dtype = opts.get("device", "cpu"), getattr(torch, opts.get("dtype", "float32"))
     if peer == "llama.cpp":  # the GGUF of the dtype asked for (F32 or BF16)
-        from llama_cpp import Llama
         gguf = folder / f"model-{'bf16' if dtype == torch.bfloat16 else 'f32'}.gguf"
-        llm = Llama(str(gguf), n_ctx=PROMPT_LEN + new_tokens + 8, n_threads=torch.get_num_threads(),
-                    type_k=0, type_v=0, verbose=False)
+        llm = _llama_cpp(gguf, PROMPT_LEN + new_tokens + 8)
         prompt = ids(llm.n_vocab(), PROMPT_LEN)[0].tolist()
 
         def run(n: int) -> list[int]:

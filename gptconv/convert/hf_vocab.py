@@ -43,10 +43,10 @@ def vocab_of_folder(folder: Path, cfg: Any, tk: HFTokenizer, chat_template: str 
     folder, n_vocab = Path(folder), cfg.vocab_size
     config = read_json_object(folder / "tokenizer_config.json")
     tokenizer_json = read_json_object(folder / "tokenizer.json")  # read once: tens of MB for a large vocabulary
-    # the tokenizer's own description: its file, or (built from vocab.json + merges.txt) as tokenizers writes it
-    # (a file whose model omits its "type", which tokenizers infers, is described by tokenizers)
-    model = tokenizer_json.get("model")
-    spec = tokenizer_json if isinstance(model, dict) and model.get("type") else json.loads(tk.to_str())
+    # the tokenizer's own description: its file, or as tokenizers writes it where there is none (vocab.json +
+    # merges.txt) or the file's model omits its "type" (which tokenizers infers)
+    typed = isinstance(tokenizer_json.get("model"), dict) and tokenizer_json["model"].get("type")
+    spec = tokenizer_json if typed else json.loads(tk.to_str())
     model = spec.get("model") or {}
     if (folder / "tokenizer.model").is_file():
         vocab = _from_sentencepiece(folder, config, n_vocab)

@@ -17,8 +17,9 @@ read once at the first one-row product (not at import), or :func:`set_one_row_pr
   (``torch.mv``), which gives F.linear's result bit for bit (tested) without its matrix-product
   dispatch: measured on the Xeon above, bfloat16 weights are read at 18–22 GB/s against 11–15 GB/s
   through ``F.linear`` (which repacks them for a matrix product), float32 at 26–28 against 26.
-  Elsewhere (float16, where ``mv`` rounds differently; a transposed bfloat16 weight) ``F.linear``. The same input
-  gives the same logits in every process, and it is the fastest on the Xeon.
+  Wherever ``mv`` would round differently (float16, a transposed bfloat16 weight, a strided row, a
+  single input or output: ``_gemv_equals_linear``) it is ``F.linear`` itself. The same input gives
+  the same logits in every process, and it is the fastest on the Xeon.
 - ``blocks``: the block product, for a machine whose gemv runs on one thread (the EPYC above).
   ``GPTCONV_ONE_ROW_PRODUCT=blocks``; it needs two threads or more (on one, it is ``F.linear``),
   and it is as reproducible as ``blas`` for a given thread count.
@@ -72,9 +73,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 def _gemv_equals_linear(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Where torch.mv / addmv give F.linear's result bit for bit (tested): float32 in any layout,
-    bfloat16 with an (out, in) contiguous weight (a transposed bfloat16 weight with a bias rounds
-    differently in F.linear for some shapes)."""
+    """Where torch.mv / addmv give F.linear's result bit for bit (tested): a plain single row on the CPU,
+    a weight of two or more rows and columns, float32 in any layout or bfloat16 with an (out, in)
+    contiguous weight (a transposed bfloat16 weight with a bias rounds differently in F.linear)."""
     if x.dtype != weight.dtype or not _one_row_on_cpu(x) or not _plain_row(x):  # a strided row: F.linear
         return False
     if min(weight.shape) < 2:  # a single input or output: F.linear takes another path there

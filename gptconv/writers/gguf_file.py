@@ -105,9 +105,10 @@ def _tensor_type(name: str, shape: tuple[int, ...], dtype: str) -> Q:
 
 
 def type_choices(tensors: TensorTypes, dtype: str) -> list[tuple[str, str, str]]:
-    """(tensor, type, why) for every tensor of a written GGUF file: why it has the type it has, read
-    from what the file holds against the type ``dtype`` names (``Q4_K`` for q4_k_m): the rules that
-    made it are ours for f32 … q8_0 (``_tensor_type``) and llama.cpp's quantizer's for the others."""
+    """(tensor, type, why) for every tensor of a written GGUF file (``tensors``: what the writer wrote, or
+    what the file says, ``tensor_types``): why it has the type it has, against the type ``dtype`` names
+    (``Q4_K`` for q4_k_m). The rules that made it are ours for f32 … q8_0 (``_tensor_type``) and
+    llama.cpp's quantizer's for the others."""
     from gguf import GGML_QUANT_SIZES
     main = re.sub(r"_[sml]$", "", dtype).upper()  # q4_k_m → Q4_K, q8_0 → Q8_0, bf16 → BF16
     main_block = GGML_QUANT_SIZES[Q[main]][0]
