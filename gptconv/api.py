@@ -18,7 +18,7 @@ from .devices import parse_device
 from .errors import GptconvError, NoTokenizer, where
 from .loader import Source, load_source, open_source, parse_dtype
 from .output import check_output
-from .parity import Report, compare, parity_inputs
+from .parity import TRUTH, Report, compare, parity_inputs
 from .perplexity import Perplexity, check_windows, measure, summarize
 from .reference import REFERENCE_TAPS, gguf_config_disagreements, reference_steps, transformers_model
 from .reference_file import check_against, read_reference, save_reference
@@ -247,34 +247,35 @@ def verify(source: str | Path, dtype: str = "float32", length: int | None = None
         inputs, runs, meta = read_reference(Path(reference_file))
         if meta.get("arch") != src.arch:
             raise where(reference_file, f"records a '{meta.get('arch')}' model, the source is '{src.arch}'")
-        if low and name not in runs:
+        if name not in runs:
             raise where(reference_file, f"records no {name} run of the reference; record one with "
                                         f"`gptconv reference --dtype {name}`")
         ours = {s.name for s in trace_steps(model, torch.zeros(1, 1, dtype=torch.long))[0]}  # a 1-token run
         check_against(Path(reference_file), inputs, runs, src.config, ours)
-        return compare(model, inputs, lambda n, ids: runs["float32"][n], source, f"recorded: {reference_file}",
-                       reference_at_dtype=(lambda n, ids: runs[name][n]) if low else None, on_input=on_input)
+        return compare(model, inputs, lambda n, ids: runs["float64"][n], source,
+                       f"recorded: {reference_file} (fp64 and {name})", lambda n, ids: runs[name][n],
+                       on_input=on_input)
     if blockwise is None:
         blockwise = device.type == "cpu" and src.format == "hf" and _too_big_for_two(src, dt)
     if blockwise:
         src = open_source(source, revision, backend="per-tensor")  # each block's tensors unmapped when dropped
     model = load_source(src, dt, device, blockwise=blockwise)
-    # an fp32 folder verified in fp32 on the CPU: the weights in memory once for both models; streamed
-    # (blockwise) models hold meta tensors between blocks, and stay where they are (on the CPU)
+    # an fp32 folder verified in fp32 on the CPU: the weights in memory once for ours and the fp32
+    # reference; streamed (blockwise) models hold meta tensors between blocks, and stay where they
+    # are (on the CPU)
     place = (lambda m: m) if device.type == "cpu" else (lambda m: m.to(device))  # noqa: E731
-    hf = place(transformers_model(src, torch.float32, blockwise=blockwise))
-    hf_low = place(transformers_model(src, dt, blockwise=blockwise)) if low else None
+    truth = place(transformers_model(src, TRUTH, blockwise=blockwise))
+    hf = place(transformers_model(src, dt, blockwise=blockwise))
     inputs = _inputs(src, length, seed)
     if blockwise:  # an input takes long: count blocks
-        _count_blocks([(model, "blocks.{i}"), *((m, REFERENCE_TAPS[src.arch]["block.{i}"]) for m in (hf, hf_low) if m)],
+        _count_blocks([(model, "blocks.{i}"), *((m, REFERENCE_TAPS[src.arch]["block.{i}"]) for m in (truth, hf))],
                       src.config.n_layers, len(inputs), on_input)
         on_input = lambda done, total: None  # noqa: E731
     import transformers
     run = lambda m: lambda n, ids: reference_steps(m, src.arch, src.config.n_layers, ids)  # noqa: E731
-    runs = "fp32" + (f" and {name}" if low else "")
-    report = compare(model, inputs, run(hf), source,
-                     f"transformers {transformers.__version__} ({runs}, eager{', blockwise' if blockwise else ''})",
-                     reference_at_dtype=run(hf_low) if low else None, on_input=on_input)
+    report = compare(model, inputs, run(truth), source,
+                     f"transformers {transformers.__version__} (fp64 and {name}, eager{', blockwise' if blockwise else ''})",
+                     run(hf), on_input=on_input)
     if src.format == "gguf":  # the reference runs on our reading of the file's metadata: check it
         misread = gguf_config_disagreements(src)
         report.notes += misread
@@ -296,13 +297,12 @@ def _count_blocks(models: list[tuple[torch.nn.Module, str]], n_layers: int, n_in
 
 
 def _too_big_for_two(src: Source, dtype: torch.dtype) -> bool:
-    """Would our model (in ``dtype``) and the references (fp32, and ``dtype`` when it is not fp32) together
+    """Would our model (in ``dtype``) and the references (float64, the truth, and ``dtype``) together
     take over half the free memory? From an fp32 folder, verified in fp32, ours and the fp32
     reference share one copy of the weights."""
     n = sum(math.prod(t.shape) for t in src.tensors.values())
     shared = src.format == "hf" and dtype == torch.float32 and set(src.stored_types.values()) == {"float32"}
-    low = 0 if dtype == torch.float32 else dtype.itemsize
-    return n * (dtype.itemsize + (0 if shared else 4) + low) > 0.5 * _available_memory()
+    return n * (dtype.itemsize + (0 if shared else dtype.itemsize) + TRUTH.itemsize) > 0.5 * _available_memory()
 
 
 def _available_memory() -> int:
@@ -319,14 +319,14 @@ def _available_memory() -> int:
 def record_reference(source: str, out: Path, length: int | None = None, seed: int = 0,
                      revision: str | None = None, dtype: str = "float32", force: bool = False) -> Path:
     """Write transformers' outputs on the fixed inputs to ``out`` (safetensors) for a later verify:
-    its float32 run, and its run in ``dtype`` too when that is float16 or bfloat16. An existing
-    ``out`` is replaced only with ``force``."""
+    its float64 run (the truth), its float32 run, and its run in ``dtype`` too when that is float16
+    or bfloat16 (the reference's own error at each). An existing ``out`` is replaced only with ``force``."""
     import transformers
     check_output(out, force)  # before the runs
     src = open_source(source, revision)
     inputs = _inputs(src, length, seed)
     runs = {}
-    for dt in dict.fromkeys([torch.float32, parse_dtype(dtype)]):
+    for dt in dict.fromkeys([TRUTH, torch.float32, parse_dtype(dtype)]):
         hf = transformers_model(src, dt)
         runs[str(dt).removeprefix("torch.")] = {name: reference_steps(hf, src.arch, src.config.n_layers, ids)
                                                 for name, ids in inputs.items()}

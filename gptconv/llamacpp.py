@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 
 from .errors import GptconvError, where
-from .parity import LLAMA_CPP, Report, compare, kl_per_position
+from .parity import LLAMA_CPP, Report, compare_fixed, kl_per_position
 
 EXTRA = "pip install 'gptconv[llama-cpp]'"
 
@@ -200,7 +200,7 @@ def verify_gguf(src: Any, model: nn.Module, inputs: dict[str, torch.Tensor]) -> 
         with LlamaCpp(path, n_ctx) as llm:
             def logits(name: str, ids: torch.Tensor) -> dict[str, torch.Tensor]:
                 return {"logits": torch.from_numpy(llm.logits(ids[0].tolist()))[None]}  # llama.cpp gives no other step
-            report = compare(model, inputs, logits, str(src.name),
+            report = compare_fixed(model, inputs, logits, str(src.name),
                              f"llama.cpp (llama-cpp-python {version()}, {weights}, F32 KV cache)",
                              tolerance=LLAMA_CPP[src.arch])
     _check_tokenizer(src, report)

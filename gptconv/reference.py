@@ -34,6 +34,11 @@ REFERENCE_TAPS: dict[str, dict[str, str]] = {
                "block.{i}": "model.layers.{i}", "final_norm": "model.norm"},
 }
 
+# transformers' plain PyTorch code, in every dtype: eager attention, and experts run one by one (its
+# default grouped_mm has no float64 kernel, and the truth must run the same algorithm as the reference)
+EAGER = {"attn_implementation": "eager", "experts_implementation": "eager"}
+
+
 def _transformers():
     try:
         import transformers
@@ -54,7 +59,7 @@ def load_transformers_model(path: Path, dtype: torch.dtype = torch.float32, conf
     folder = path.parent if where_from else path
     with contextlib.redirect_stderr(io.StringIO()):  # its GGUF dequantizer draws a progress bar of its own
         model = transformers.AutoModelForCausalLM.from_pretrained(
-            folder, dtype=dtype, attn_implementation="eager", **where_from, **({"config": config} if config else {}))
+            folder, dtype=dtype, **EAGER, **where_from, **({"config": config} if config else {}))
     return model.eval()
 
 
@@ -100,7 +105,7 @@ def gguf_transformers_model(src, dtype: torch.dtype = torch.float32) -> nn.Modul
         if data["model_type"] == "mistral":  # GGUF's llama: transformers reads it as Llama, Mistral's names alike
             llama = load_transformers_model(src.path, dtype, transformers.AutoConfig.for_model(
                 **{**data, "model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
-            model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="eager")
+            model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype, **EAGER)
             model.load_state_dict(llama.state_dict(), strict=True)
             return model.eval()
         return load_transformers_model(src.path, dtype, config)
@@ -152,8 +157,7 @@ def _empty_transformers_model(src, dtype: torch.dtype) -> nn.Module:
     from accelerate import init_empty_weights
     from transformers import AutoConfig, AutoModelForCausalLM
     with init_empty_weights():  # parameters on meta; buffers (RoPE frequencies, masks) computed for real
-        hf = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(src.path), dtype=dtype,
-                                              attn_implementation="eager")
+        hf = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(src.path), dtype=dtype, **EAGER)
     hf.tie_weights()  # a tied head shares the embedding's parameter (transformers ties at load time)
     return hf
 
@@ -175,7 +179,9 @@ def _stored_names(src, hf: nn.Module) -> dict[str, str] | None:
 
 @torch.no_grad()
 def reference_steps(hf_model: nn.Module, arch: str, n_layers: int, ids: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Run transformers on ids (B, T) and catch each mapped step's output, plus the logits."""
+    """Run transformers on ids (B, T) and catch each mapped step's output, plus the logits: in float64
+    from a float64 model (the truth), else in float32."""
+    keep = (lambda t: t.detach().cpu()) if hf_model.dtype == torch.float64 else (lambda t: t.detach().float().cpu())
     modules = dict(hf_model.named_modules())
     steps: dict[str, torch.Tensor] = {}
     hooks = []
@@ -184,10 +190,10 @@ def reference_steps(hf_model: nn.Module, arch: str, n_layers: int, ids: torch.Te
             name = step.format(i=i)
 
             def hook(_m, _inp, out, name=name):
-                steps[name] = (out[0] if isinstance(out, tuple) else out).detach().float().cpu()
+                steps[name] = keep(out[0] if isinstance(out, tuple) else out)
             hooks.append(modules[module.format(i=i)].register_forward_hook(hook))
     try:
-        steps["logits"] = hf_model(ids.to(hf_model.device), use_cache=False).logits.float().cpu()
+        steps["logits"] = keep(hf_model(ids.to(hf_model.device), use_cache=False).logits)
     finally:
         for h in hooks:
             h.remove()

@@ -14,18 +14,20 @@ from .errors import where
 from .output import atomic_output
 from .sources.files import UNLIMITED, regular_file
 
+FORMAT = "2"  # 2: with the float64 run every verdict is calibrated by; 1 had none
 Runs = dict[str, dict[str, dict[str, torch.Tensor]]]  # dtype name → input name → step → tensor
 
 
 def save_reference(path: Path, runs: Runs, inputs: dict[str, torch.Tensor], meta: dict[str, str],
                    force: bool = False) -> None:
-    """Keys: ``input/ids``, ``input/step`` (the float32 run) and ``input/dtype/step`` (another run)."""
+    """Keys: ``input/ids``, ``input/step`` (the float32 run) and ``input/dtype/step`` (another run:
+    float64, the truth, and float16 / bfloat16)."""
     tensors = {f"{name}/ids": ids.contiguous() for name, ids in inputs.items()}
     for run, records in runs.items():
         prefix = "" if run == "float32" else f"{run}/"
         for name, steps in records.items():
             tensors.update({f"{name}/{prefix}{step}": t.contiguous() for step, t in steps.items()})
-    meta = {**meta, "gptconv_reference": "1", "inputs": json.dumps(list(inputs))}
+    meta = {**meta, "gptconv_reference": FORMAT, "inputs": json.dumps(list(inputs))}
     with atomic_output(path, force) as tmp:
         save_file(tensors, str(tmp), metadata=meta)
 
@@ -36,7 +38,10 @@ def read_reference(path: Path) -> tuple[dict[str, torch.Tensor], Runs, dict[str,
     try:
         f = safe_open(str(path), framework="pt")
         meta = f.metadata() or {}
-        if meta.get("gptconv_reference") != "1":
+        if meta.get("gptconv_reference") == "1":
+            raise where(path, "recorded by an older gptconv, without the float64 run verify now judges by; "
+                              "record it again with `gptconv reference`")
+        if meta.get("gptconv_reference") != FORMAT:
             raise where(path, "not a gptconv reference file (write one with `gptconv reference`)")
         names = json.loads(meta["inputs"])
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
@@ -58,8 +63,8 @@ def read_reference(path: Path) -> tuple[dict[str, torch.Tensor], Runs, dict[str,
         if missing:
             raise where(path, f"input '{missing[0]}' has no logits in the {run} run")
     missing = [n for n in names if n not in inputs]
-    if missing or "float32" not in runs:
-        raise where(path, f"input '{missing[0]}' has no ids" if missing else "has no float32 run")
+    if missing or "float64" not in runs:
+        raise where(path, f"input '{missing[0]}' has no ids" if missing else "has no float64 run")
     return inputs, runs, meta
 
 

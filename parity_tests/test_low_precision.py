@@ -25,8 +25,8 @@ from helpers import edited_copy, run_cli, swap
 def test_correct_random_models_pass(request, fixture, name, dtype):
     report = verify(str(request.getfixturevalue(fixture)[name]), dtype=dtype)
     assert report.passed, (report.first_divergent_step, report.notes)
-    assert report.dtype == dtype and report.tolerance["low_precision_factor"] == LOW_PRECISION_FACTOR
-    assert report.reference_own is not None and "fp32 and " + dtype in report.reference
+    assert report.dtype == dtype and report.tolerance["factor"] == LOW_PRECISION_FACTOR
+    assert report.reference_own is not None and "fp64 and " + dtype in report.reference
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])

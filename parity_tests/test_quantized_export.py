@@ -113,12 +113,13 @@ def test_a_signal_while_llama_cpps_quantizer_runs_stops_it_and_cleans_up(wide_fa
     try:
         children = Path(f"/proc/{p.pid}/task/{p.pid}/children")
         deadline = time.monotonic() + 120
-        kids: list[str] = []
-        while time.monotonic() < deadline and p.poll() is None and not kids:
+        # the quantizer once it runs: a child caught between fork and exec still has the export's own
+        # command line (on a loaded machine it was caught there), so wait for its exec
+        while time.monotonic() < deadline and p.poll() is None and child is None:
             kids = children.read_text().split() if children.exists() else []
+            child = next((int(k) for k in kids if "quantizer_child.py" in _cmdline(int(k))), None)
             time.sleep(0.001)
-        assert kids, "the export ended before its quantizer could be caught"
-        child = int(kids[0])
+        assert child is not None, "the export ended before its quantizer could be caught"
         os.kill(child, signal.SIGSTOP)
         assert "quantizer_child.py" in _cmdline(child)
         assert any(name.endswith(".f32") for name in os.listdir(tmp_path))  # the intermediate, under the temporary name

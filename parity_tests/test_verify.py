@@ -7,11 +7,12 @@ import json
 import os
 
 import pytest
+import torch
 
 from gptconv import convert
 from gptconv import verify
 from gptconv.convert.keymap import IDENTITY
-from gptconv.parity import FP32
+from gptconv.parity import FP32, calibrated_rule
 from helpers import edited_copy, run_cli, swap
 
 
@@ -24,7 +25,10 @@ def test_verify_passes_and_reports_json(ckpts):
     names = [s["name"] for s in report["steps"]]
     assert names == ["embedding_dropout", "block.0", "block.1", "block.2", "final_norm", "logits"]
     assert report["inputs"]["random"] == 37  # the full context of the fixture
-    assert report["tolerance"] == dataclasses.asdict(FP32)
+    assert report["tolerance"] == calibrated_rule(torch.float32)  # against the float64 truth
+    for step in report["steps"]:  # both distances from the truth, and their ratio
+        assert step["rms_diff"] <= step["allowed"] and step["reference_own_rms"] is not None
+        assert step["ratio"] is None or step["ratio"] == pytest.approx(step["rms_diff"] / step["reference_own_rms"])
 
 
 def test_verify_text_report(ckpts):
@@ -110,3 +114,18 @@ def test_a_nan_weight_fails_live_verify(ckpts, tmp_path):
     assert any("NaN or Inf" in n for n in report["notes"])
     r = run_cli("verify", bad)
     assert r.returncode == 1 and "FAILED" in r.stdout and " ok" not in r.stdout.split("block.0")[1].splitlines()[0]
+
+
+def test_a_reference_recorded_without_the_float64_run_is_refused(ckpts, tmp_path):
+    """A file from before the float64 truth (format 1) cannot be judged by: one line, exit 2."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+    ref = tmp_path / "ref.safetensors"
+    assert run_cli("reference", ckpts["tiny"], "-o", ref).returncode == 0
+    with safe_open(str(ref), framework="pt") as f:
+        meta, tensors = f.metadata(), {k: f.get_tensor(k) for k in f.keys() if "/float64/" not in k}
+    old = tmp_path / "old.safetensors"
+    save_file(tensors, str(old), metadata={**meta, "gptconv_reference": "1"})
+    r = run_cli("verify", ckpts["tiny"], "--reference", old)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "without the float64 run" in r.stderr and "record it again" in r.stderr
