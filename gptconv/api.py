@@ -211,8 +211,10 @@ def verify(source: str | Path, dtype: str = "float32", length: int | None = None
                   on_input: Callable[[int, int], None] = lambda done, total: None) -> Report:
     """Our model against a reference: transformers (live), llama.cpp (a GGUF file), or a recorded file.
 
-    At float16 / bfloat16 the reference also runs in that dtype, and ours is judged against the
-    reference's own error (``parity.LOW_PRECISION_FACTOR``). ``blockwise``: run both models one block
+    Against transformers (live or recorded), every dtype is judged by one rule: the reference runs in
+    float64 (the truth) and in our dtype, and ours passes when it is as close to the truth as the
+    reference itself is (``parity.CALIBRATION_FACTOR``). Against llama.cpp (float32 only), to a fixed
+    tolerance (``parity.LLAMA_CPP``). ``blockwise``: run both models one block
     at a time (``gptconv.blockwise``); by default, when they would not fit in memory side by side.
     ``device``: where both models run (the comparison is on the CPU; llama.cpp runs on the CPU).
     ``on_input(done, total)``: progress, in inputs compared or, streamed, in blocks run (ours and the

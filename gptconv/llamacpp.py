@@ -7,11 +7,15 @@ K-quant weights: ggml-org/llama.cpp#20824), every position's logits, special tok
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -150,15 +154,39 @@ def dequantize_file(path: Path, out: Path) -> None:
     run_quantizer(path, out, "ALL_F32", "llama.cpp's quantizer cannot rewrite this file in F32")
 
 
+STOPS = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def _deferred_stops() -> Iterator[list[int]]:
+    """Ctrl-C and SIGTERM noted, not acted on, inside the context (the main thread's handlers run
+    whichever thread the kernel gives a signal to); the list of those that came."""
+    came: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield came
+        return
+    saved = {s: signal.signal(s, lambda signum, _frame: came.append(signum)) for s in STOPS}
+    try:
+        yield came
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+
+
 def run_quantizer(path: Path, out: Path, ftype: str, failure: str) -> None:
     """``quantizer_child.py`` in a child process, waited for in this one, where Ctrl-C and SIGTERM
     still act at once: the child is killed and the caller's cleanup runs (a quantizer called here, in
     C, would hold them off until it returned)."""
     child = Path(__file__).with_name("quantizer_child.py")
-    proc = subprocess.Popen([sys.executable, str(child), str(path), str(out), ftype, str(torch.get_num_threads())],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True, errors="replace")
+    # Ctrl-C / SIGTERM deferred until the child is known: one acting while Popen still waits for the
+    # child's exec would leave it running, orphaned (seen on a loaded machine)
+    with _deferred_stops() as came:
+        proc = subprocess.Popen([sys.executable, str(child), str(path), str(out), ftype, str(torch.get_num_threads())],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                text=True, errors="replace")
     try:
+        for signum in came:  # now, with the child known, as its own handler would have
+            signal.raise_signal(signum)
         _, err = proc.communicate()
     finally:
         if proc.poll() is None:  # interrupted: stop it now, before the caller removes its files

@@ -25,6 +25,15 @@ def matrix(rows: list[dict]) -> str:
         lines.append(f"{dtype}: caught {caught} / {len(visible)} planted" +
                      (f" ({below} more below its resolution, of which {sum(r['caught'] for r in here if r['below_resolution'])} "
                       "caught anyway)" if below else ""))
+    lines.append("")
+    lines.append("| family | correct: largest RMS ratio f32 / bf16 / f16 | planted, caught: smallest RMS ratio where it failed f32 / bf16 |")
+    lines.append("|---|---|---|")
+    for family in families:
+        ok = [max((r["worst_ratio"] for r in correct if r["family"] == family and r["dtype"] == d), default=None)
+              for d in ("float32", "bfloat16", "float16")]
+        bad = [min((r["seen_ratio"] for r in bugs if r["family"] == family and r["dtype"] == d and r["caught"]
+                    and r["seen_ratio"] is not None), default=None) for d in ("float32", "bfloat16")]
+        lines.append(f"| {family} | {' / '.join(_num(x) for x in ok)} | {' / '.join(_num(x) for x in bad)} |")
     if correct:
         false = [r for r in correct if not r["passed"]]
         worst = max(r["worst_ratio"] for r in correct)
@@ -39,3 +48,7 @@ def _cell(r: dict) -> str:
     if not r["caught"]:
         return "**PASSED**"
     return "FAILED" if r["step"] == r["expected"] else f"FAILED at {r['step']}"
+
+
+def _num(x: float | None) -> str:
+    return "—" if x is None else f"{x:.3g}"

@@ -118,10 +118,12 @@ def test_every_planted_bug_fails_where_it_first_shows(request, family, dtype):
         with bug.plant(model, case):
             report = compare(model, inputs, lambda n, ids: truth[n], family, "transformers", lambda n, ids: own[n])
         at = report.first_divergent_step
+        seen = next((s.rms_diff / s.reference_own_rms for s in report.steps if s.name == at and s.reference_own_rms),
+                    None)  # the verdict's RMS ratio (ours / the reference's own) where it failed
         margin = max(effect[s] / allowed[s] for s in allowed)  # the bug's size in units of what is allowed
         record({"kind": "bug", "family": family, "order": (list(CASES).index(family), BUGS.index(bug)),
                 "dtype": dtype, "bug": bug.name, "caught": not report.passed,
-                "step": at, "expected": visible, "stated": stated, "margin": margin,
+                "step": at, "expected": visible, "stated": stated, "margin": margin, "seen_ratio": seen,
                 "below_resolution": visible is None})
         if dtype == "float32" and visible != stated:
             wrong.append(f"{bug.name}: its exact effect first exceeds float32's allowance at {visible}, not at the "

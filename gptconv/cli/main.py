@@ -262,8 +262,8 @@ def verify(source: str, dtype: str, length: int | None, seed: int, reference_fil
            against: str, as_json: bool, device: str, quiet: bool, revision: str | None) -> None:
     """Check our logits against a reference, step by step; exit 1 if parity fails.
 
-    At float16 / bfloat16 the reference runs in float32 and in that dtype, and ours passes when it
-    is as close to the float32 reference as the reference's own run in that dtype (within a factor).
+    Against transformers, at every dtype, the reference runs in float64 (the truth) and in our dtype,
+    and ours passes when it is as close to the truth as the reference's own run (within a factor of 2).
     """
     from ..api import verify as verify_
     start = time.perf_counter()
@@ -287,7 +287,7 @@ def verify(source: str, dtype: str, length: int | None, seed: int, reference_fil
 @click.option("--force", is_flag=True, help="Replace an existing output.")
 def reference(source: str, output: Path, length: int | None, seed: int, dtype: str, revision: str | None,
               force: bool) -> None:
-    """Record transformers' outputs on the fixed inputs, for `verify --reference`."""
+    """Record transformers' outputs on the fixed inputs (in float64, float32 and --dtype), for `verify --reference`."""
     from ..api import record_reference
     path = record_reference(source, output, length, seed, revision, dtype, force)
     click.echo(f"wrote {path} ({path.stat().st_size:,} bytes)")
