@@ -24,9 +24,18 @@ def _verify(path, dtype: str, *extra: str) -> dict:
     return report
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_gemma3_270m_passes(gemma3_270m, dtype):
     _verify(gemma3_270m, dtype, "--length", "128")
+
+
+def test_gemma3_270m_in_float16_cannot_be_judged(gemma3_270m):
+    """Gemma 3's activations pass float16's range (65,504): transformers' own float16 run holds Inf from
+    a middle block on, so there is no float16 error to judge ours by — said in one line, exit 2, neither
+    PASSED nor FAILED."""
+    r = run_cli("verify", gemma3_270m, "--dtype", "float16", "--length", "128")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stdout[-2000:] + r.stderr
+    assert "the reference's own float16 run holds NaN or Inf at 'block." in r.stderr and "another dtype" in r.stderr
 
 
 def test_smollm2_passes_in_float32(smollm2):
