@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from .decoding import check_top_p, generate_batch, generate_tokens
+from .decoding import check_options, generate_batch, generate_tokens
 from .devices import parse_device
 from .errors import GptconvError, NoTokenizer, where
 from .loader import Source, load_source, open_source, parse_dtype
@@ -87,6 +87,7 @@ class Generation(Result):
     text: str  # the new text, up to a stop string
     stopped_at_eos: bool
     stop_string: str | None = None  # the stop string the text reached, cut off the text
+    stopped_at_context: bool = False  # the model's context filled up before max_new_tokens
 
 
 def generate(source: str | Path, prompt: str | list[str], max_new_tokens: int = 32, *, chat: bool = False,
@@ -102,7 +103,7 @@ def generate(source: str | Path, prompt: str | list[str], max_new_tokens: int = 
 
     A list of prompts (different lengths welcome) runs as one padded batch and gives a list: each
     prompt the tokens it gets alone (greedy: the same tokens), each stopping on its own."""
-    check_top_p(top_p)  # before anything loads
+    check_options(max_new_tokens, temperature, top_k, top_p, seed)  # before anything loads
     device = parse_device(device)
     stops = [stop] if isinstance(stop, str) else list(stop or [])
     if any(not s for s in stops):
@@ -122,8 +123,11 @@ def generate(source: str | Path, prompt: str | list[str], max_new_tokens: int = 
     def finish(text: str, ids: list[int], out: list[int]) -> Generation:
         new = tok.decode(out)
         reached = _first_stop(new, stops)
+        at_eos = bool(out) and out[-1] in eos
+        full = not at_eos and reached is None and len(out) < max_new_tokens and \
+            len(ids) + len(out) >= model.config.context_length
         return Generation(str(source), text, ids, out, new if reached is None else new[:new.index(reached)],
-                          bool(out) and out[-1] in eos, reached)
+                          at_eos, reached, full)
 
     if not isinstance(prompt, str):
         if on_text is not None:
@@ -361,7 +365,8 @@ def export(source: str | Path, out: str | Path, format: str = "safetensors", dty
         src = open_source(source, revision)
         limit = src.config.context_length
         check_ctx = check_ctx or min(512, limit - limit % 2)
-        check_windows(load_tokenizer(src).encode(read_text(Path(check), JSON_LIMIT)), check_ctx, limit, check, "--check-ctx")
+        check_windows(load_tokenizer(src).encode_long(read_text(Path(check), JSON_LIMIT)), check_ctx, limit, check,
+                      "--check-ctx")
     summary = write(source, out, format, dtype, max_shard_bytes, force, clamp, revision, on_tensor)
     if check is not None:
         summary.check = perplexity(summary.out, check, check_ctx, source, revision=revision, on_window=on_window,
@@ -387,8 +392,9 @@ def perplexity(source: str | Path, text_file: str | Path, ctx: int = 512, agains
     src = open_source(source, revision)
     if engine == "gptconv":
         tok = load_tokenizer(src)
-        ids = tok.encode(text)
-        adds_bos = tok.bos_id is not None and ids[:1] == [tok.bos_id] and tok.encode(text, False)[:1] != [tok.bos_id]
+        ids = tok.encode_long(text)  # (N,): in pieces, memory a small multiple of the text
+        adds_bos = tok.bos_id is not None and ids[:1].tolist() == [tok.bos_id] and \
+            tok.encode(text[:PROBE], False)[:1] != [tok.bos_id]
         check_windows(ids, ctx, src.config.context_length, text_file)
         base = _perplexity_base(against, revision, text, ids, src.config.vocab_size, ctx, text_file, device)
         m = measure(load_source(src, parse_dtype(dtype), device), ids, ctx, tok.bos_id if adds_bos else None, base,
@@ -414,13 +420,17 @@ def perplexity(source: str | Path, text_file: str | Path, ctx: int = 512, agains
                      f"llama.cpp (llama-cpp-python {version()}), the file as stored ({types}), F32 KV cache")
 
 
+PROBE = 4096  # characters enough to see whether a text's own first token is BOS
+
+
 def _perplexity_base(against: str | Path | None, revision: str | None, text: str, ids: list[int], vocab_size: int,
                      ctx: int, text_file: Path, device: torch.device) -> torch.nn.Module | None:
     """The base model of a comparison, in float32, when its tokenizer splits the text into the same ids."""
     if against is None:
         return None
     base_src = open_source(against, revision)
-    if base_src.config.vocab_size != vocab_size or load_tokenizer(base_src).encode(text) != ids:
+    if base_src.config.vocab_size != vocab_size or not torch.equal(load_tokenizer(base_src).encode_long(text),
+                                                                   torch.as_tensor(ids, dtype=torch.long)):
         raise GptconvError(f"--against {against}: its tokenizer does not split the text into the same tokens; "
                            "the two cannot be compared token by token")
     check_windows(ids, ctx, base_src.config.context_length, text_file)

@@ -19,8 +19,13 @@ from .models import KVCache
 def next_token(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None = None,
                generator: torch.Generator | None = None, top_p: float | None = None) -> torch.Tensor:
     """logits (B, V) → ids (B,): greedy when ``temperature == 0``, else sampled from the k most likely
-    (``top_k``) and, of those, the fewest whose probabilities reach ``top_p`` (nucleus sampling)."""
+    (``top_k``) and, of those, the fewest whose probabilities reach ``top_p`` (nucleus sampling).
+    Logits holding NaN or Inf give no distribution, greedy or sampled: an error, not a token."""
     check_top_p(top_p)
+    if not bool(torch.isfinite(logits).all()):
+        bad = "NaN" if bool(logits.isnan().any()) else "Inf"
+        raise GptconvError(f"the model's next-token logits hold {bad}: its weights or activations overflow "
+                           "(a fine-tune gone wrong, or a dtype too narrow for it); there is no token to choose")
     if temperature <= 0:
         return logits.argmax(dim=-1)
     logits = logits.float() / temperature
@@ -37,8 +42,31 @@ def next_token(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None
 
 
 def check_top_p(top_p: float | None) -> None:
-    if top_p is not None and not 0.0 < top_p <= 1.0:
-        raise GptconvError(f"--top-p {top_p}: use a probability in (0, 1]")
+    if top_p is not None and not (isinstance(top_p, (int, float)) and not isinstance(top_p, bool)
+                                  and 0.0 < top_p <= 1.0):
+        raise GptconvError(f"--top-p {top_p!r}: use a probability in (0, 1]")
+
+
+MAX_NEW_TOKENS = 1 << 20
+MAX_TEMPERATURE = 100.0
+MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed's range
+
+
+def check_options(max_new_tokens: int, temperature: float, top_k: int | None, top_p: float | None,
+                  seed: int | None) -> None:
+    """generate's options, checked once for the command line and the library alike (before anything loads)."""
+    def integer(value: object) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if not integer(max_new_tokens) or not 1 <= max_new_tokens <= MAX_NEW_TOKENS:
+        raise GptconvError(f"--max-new-tokens {max_new_tokens!r}: use a whole number in 1 … {MAX_NEW_TOKENS:,}")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or \
+            not 0.0 <= temperature <= MAX_TEMPERATURE:  # NaN fails every comparison
+        raise GptconvError(f"--temperature {temperature!r}: use a number in 0 … {MAX_TEMPERATURE:g} (0 is greedy)")
+    if top_k is not None and (not integer(top_k) or top_k < 1):
+        raise GptconvError(f"--top-k {top_k!r}: use a whole number of at least 1")
+    check_top_p(top_p)
+    if seed is not None and (not integer(seed) or not 0 <= seed <= MAX_SEED):
+        raise GptconvError(f"--seed {seed!r}: use a whole number in 0 … 2^63 − 1")
 
 
 def _check_prompt(prompt: list[int], limit: int) -> None:

@@ -30,6 +30,6 @@ def parse_device(name: str | torch.device) -> torch.device:
     elif device.type == "mps":
         if not torch.backends.mps.is_available():
             raise GptconvError(f"--device {name}: torch sees no Apple GPU (MPS) here")
-    elif device.type != "cpu":
+    elif device.type != "cpu" or device.index not in (None, 0):  # one CPU device: cpu:1 names nothing
         raise GptconvError(f"--device {name}: choose {CHOICES}")
     return device

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from .errors import GptconvError
 from .results import Result
 
+Ids = list[int] | torch.Tensor  # a text's token ids: a (N,) int64 tensor from Tokenizer.encode_long, or a list
 Model = nn.Module | Callable[[torch.Tensor], torch.Tensor]  # ids (1, T) → logits (1, T, V): ours, or llama.cpp
 
 
@@ -53,17 +54,18 @@ class Perplexity(Result):
     against: Agreement | None = None
 
 
-def windows(ids: list[int], ctx: int, bos_id: int | None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def windows(ids: Ids, ctx: int, bos_id: int | None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Each (1, ctx) window of ``ids`` (its first token replaced by ``bos_id`` when not None) and the
     tokens it scores (those at ctx/2 + 1 … ctx − 1)."""
+    ids = torch.as_tensor(ids, dtype=torch.long)
     for start in range(0, len(ids) - ctx + 1, ctx):
-        window = torch.tensor([ids[start:start + ctx]])
+        window = ids[start:start + ctx].clone()[None]
         if bos_id is not None:
             window[0, 0] = bos_id
-        yield window, torch.tensor(ids[start + ctx // 2 + 1:start + ctx])  # the tokens scored
+        yield window, ids[start + ctx // 2 + 1:start + ctx]  # the tokens scored
 
 
-def check_windows(ids: list[int], ctx: int, context_length: int, origin: object, flag: str = "--ctx") -> None:
+def check_windows(ids: Ids, ctx: int, context_length: int, origin: object, flag: str = "--ctx") -> None:
     if ctx < 4 or ctx % 2:
         raise GptconvError(f"{flag} {ctx}: use an even window of at least 4 tokens")
     if ctx > context_length:
@@ -79,10 +81,14 @@ def log_probs(model: Model, window: torch.Tensor) -> torch.Tensor:
     if isinstance(model, nn.Module):
         window = window.to(next(model.parameters()).device)
     logits = model(window)[0, ctx // 2:ctx - 1]                # (ctx/2 − 1, V)
+    if not bool(torch.isfinite(logits).all()):  # a perplexity of NaN is no measurement
+        bad = "NaN" if bool(logits.isnan().any()) else "Inf"
+        raise GptconvError(f"the model's logits hold {bad}: its weights or activations overflow (a fine-tune gone "
+                           "wrong, or a dtype too narrow for it); there is no perplexity to give")
     return F.log_softmax(logits.float(), dim=-1).cpu()
 
 
-def measure(model: Model, ids: list[int], ctx: int, bos_id: int | None, base: Model | None = None,
+def measure(model: Model, ids: Ids, ctx: int, bos_id: int | None, base: Model | None = None,
             on_window: Callable[[int, int], None] = lambda n, total: None) -> dict:
     """Negative log-likelihoods (and, with ``base``, the base's, KL and top-1 agreement) over the windows."""
     total = len(ids) // ctx

@@ -11,6 +11,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import torch
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, processors
 
@@ -52,6 +53,10 @@ def _held_stderr(what: str) -> Iterator[None]:
             os.write(2, kept)
 
 
+PIECE = 1 << 16  # characters tokenized in one call by encode_long
+MARGIN = 1 << 12  # characters of context on either side of a piece
+
+
 class Tokenizer:
     def __init__(self, tk: HFTokenizer, eos_id: int | None = None, bos_id: int | None = None,
                  chat_template: str | None = None, pad_id: int | None = None, unk_id: int | None = None) -> None:
@@ -62,6 +67,49 @@ class Tokenizer:
         """Special tokens written in ``text`` (``<|endoftext|>``) become their ids, as in transformers."""
         with rust_panics("the tokenizer failed on this text"):
             return self.tk.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def encode_long(self, text: str) -> torch.Tensor:
+        """``encode(text)`` as a (N,) int64 tensor, for texts of any length (perplexity's): tokenized in
+        pieces, so that memory stays a small multiple of the text (one call on a whole 8 MB text took
+        2 GB: the library keeps every token's string and offsets). Each piece is tokenized with some
+        text on either side, and two neighbours must give the same tokens where they overlap, so the
+        ids are those of one call; where they do not (a tokenizer whose splits depend on distant
+        text), the text is tokenized whole."""
+        if len(text) <= 2 * PIECE:
+            return torch.tensor(self.encode(text), dtype=torch.long)
+        with rust_panics("the tokenizer failed on this text"):
+            return self._stitched(text)
+
+    def _stitched(self, text: str) -> torch.Tensor:
+        sample = "Hello"  # what the post-processor adds around any text: BOS, EOS
+        plain, full = self.tk.encode(sample, add_special_tokens=False).ids, self.tk.encode(sample).ids
+        at = next((i for i in range(len(full)) if full[i:i + len(plain)] == plain), None)
+        if at is None:
+            return torch.tensor(self.encode(text), dtype=torch.long)
+        before, after = full[:at], full[at + len(plain):]
+        pieces = [torch.tensor(before, dtype=torch.long)]
+        pos, promised = 0, None  # promised: (start, id) of the previous piece's tokens past its cut
+        while True:
+            lo, end = max(0, pos - MARGIN), pos + PIECE
+            last = end + MARGIN >= len(text)
+            hi = len(text) if last else end + MARGIN
+            enc = self.tk.encode(text[lo:hi], add_special_tokens=False)
+            starts = [a + lo for a, _ in enc.offsets]
+            first = next((i for i, a in enumerate(starts) if a >= pos), len(starts))
+            if promised is not None:  # the overlap, tokenized twice, must agree token for token
+                here = list(zip(starts[first:first + len(promised)], enc.ids[first:first + len(promised)]))
+                if starts[first:first + 1] != [pos] or here != promised:
+                    return torch.tensor(self.encode(text), dtype=torch.long)
+            cut = len(starts) if last else next(i for i, a in enumerate(starts) if a >= end)
+            pieces.append(torch.tensor(enc.ids[first:cut], dtype=torch.long))
+            if last:
+                break
+            # the tokens past the cut and well before the piece's end, for the next piece to confirm
+            safe = hi - MARGIN // 2
+            promised = [(a, t) for a, t, (_, b) in zip(starts[cut:], enc.ids[cut:], enc.offsets[cut:]) if b + lo <= safe]
+            pos = starts[cut]
+        pieces.append(torch.tensor(after, dtype=torch.long))
+        return torch.cat(pieces)
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         with rust_panics("the tokenizer failed to decode these ids"):  # a decoder has regexes too

@@ -97,7 +97,18 @@ def fail(ctx: click.Context, message: str, code: int = 2) -> None:
     if ctx.obj and ctx.obj.get("debug"):
         traceback.print_exc()
     say(message)
+    if ctx.obj and ctx.obj.get("json"):  # a consumer's json.load works on every exit, a failure included
+        kind = {2: "input", 130: "interrupted", 143: "terminated", BUG: "internal"}.get(code, "error")
+        click.echo(json.dumps({"command": ctx.obj["json"], "error": {"kind": kind, "message": message, "exit": code}}))
     sys.exit(code)
+
+
+def _note_json(ctx: click.Context, _param: click.Parameter, value: bool) -> bool:
+    """--json given: a failure is written as JSON on stdout too (see ``fail``)."""
+    root = ctx.find_root()
+    if value and isinstance(root.obj, dict):
+        root.obj["json"] = ctx.info_name
+    return value
 
 
 def say(message: str) -> None:
@@ -142,7 +153,7 @@ def example(*lines: str) -> str:
 
 
 @cli.command(epilog=example("gptconv aliases", "gptconv aliases --json"))
-@click.option("--json", "as_json", is_flag=True, help="Print the table as JSON.")
+@click.option("--json", "as_json", is_flag=True, callback=_note_json, help="Print the table as JSON.")
 def aliases(as_json: bool) -> None:
     """The short names SOURCE accepts, and the Hub repo each stands for."""
     from ..sources.hub import ALIASES
@@ -186,7 +197,7 @@ dtype_opt = click.option("--dtype", default="f32", show_default=True, type=DType
 
 @cli.command(epilog=example('gptconv pull gpt2', 'gptconv pull HuggingFaceTB/SmolLM2-135M --revision main'))
 @source_arg
-@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON (see `gptconv --help`).")
+@click.option("--json", "as_json", is_flag=True, callback=_note_json, help="Print the summary as JSON (see `gptconv --help`).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars (they show on a terminal only anyway).")
 @revision_opt
 def pull(source: str, as_json: bool, quiet: bool, revision: str | None) -> None:
@@ -236,10 +247,13 @@ def generate(source: str, prompt: str, max_new_tokens: int, temperature: float, 
              revision: str | None) -> None:
     """Continue PROMPT, token by token with the KV cache (greedy by default)."""
     from ..api import generate as generate_
-    generate_(source, prompt, max_new_tokens, chat=chat, temperature=temperature, top_k=top_k, top_p=top_p,
-              stop=list(stop), seed=seed, dtype=dtype, revision=revision, device=device,
-              on_text=lambda piece: click.echo(piece, nl=False))
+    result = generate_(source, prompt, max_new_tokens, chat=chat, temperature=temperature, top_k=top_k, top_p=top_p,
+                       stop=list(stop), seed=seed, dtype=dtype, revision=revision, device=device,
+                       on_text=lambda piece: click.echo(piece, nl=False))
     click.echo()
+    if result.stopped_at_context:
+        click.echo(f"gptconv: note: stopped after {len(result.ids)} of {max_new_tokens} tokens: the model's context "
+                   f"holds {len(result.prompt_ids) + len(result.ids):,} positions", err=True)
 
 
 @cli.command(epilog=example('gptconv verify gpt2', 'gptconv verify llama-3.2-1b --dtype bf16', 'gptconv verify model.gguf --against llama.cpp'))
@@ -254,7 +268,7 @@ def generate(source: str, prompt: str, max_new_tokens: int, temperature: float, 
                    "[default: when they would not fit in memory side by side].")
 @click.option("--against", default="transformers", show_default=True, type=click.Choice(["transformers", "llama.cpp"]),
               help="The reference: transformers, or llama.cpp (llama-cpp-python) for a GGUF file.")
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("--json", "as_json", is_flag=True, callback=_note_json, help="Print the report as JSON.")
 @device_opt
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars (they show on a terminal only anyway).")
 @revision_opt
@@ -311,7 +325,7 @@ def reference(source: str, output: Path, length: int | None, seed: int, dtype: s
 @click.option("--check-ctx", default=None, type=click.IntRange(4), help="--check's window; 512 or the model's context.")
 @click.option("--against", "engine", default="gptconv", show_default=True, type=click.Choice(["gptconv", "llama.cpp"]),
               help="What runs the written file for --check: gptconv (dequantized) or llama.cpp (a GGUF as stored).")
-@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.option("--json", "as_json", is_flag=True, callback=_note_json, help="Print the summary as JSON.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars (they show on a terminal only anyway).")
 @revision_opt
 def export(source: str, fmt: str, dtype: str, output: Path, max_shard_bytes: int, force: bool, clamp: bool,
@@ -343,7 +357,7 @@ def export(source: str, fmt: str, dtype: str, output: Path, max_shard_bytes: int
                    "stored, its kernels and tokenizer; gptconv[llama-cpp]).")
 @dtype_opt
 @device_opt
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.option("--json", "as_json", is_flag=True, callback=_note_json, help="Print the result as JSON.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars (they show on a terminal only anyway).")
 @revision_opt
 def perplexity(source: str, text_file: Path, ctx: int, against: str | None, engine: str, dtype: str, device: str,
@@ -373,7 +387,7 @@ def progress_bar(quiet: bool, desc: str = "windows", unit: str = "window") -> It
 
 @cli.command(epilog=example('gptconv inspect model.gguf', 'gptconv inspect ./gpt2-hf --json'))
 @click.argument("path", type=click.Path(path_type=Path))
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, callback=_note_json)
 def inspect(path: Path, as_json: bool) -> None:
     """List the tensors (name, dtype, shape), metadata and config of a file or folder."""
     from ..api import inspect as inspect_
@@ -391,7 +405,11 @@ def main() -> None:
         code = cli.main(prog_name="gptconv", standalone_mode=False)
     except click.exceptions.UsageError as e:
         where = f" (see `{e.ctx.command_path} --help`)" if e.ctx is not None else ""
-        say(f"{' '.join(e.format_message().split())}{where}")
+        message = f"{' '.join(e.format_message().split())}{where}"
+        say(message)
+        obj = e.ctx.find_root().obj if e.ctx is not None else None
+        if isinstance(obj, dict) and obj.get("json"):
+            click.echo(json.dumps({"command": obj["json"], "error": {"kind": "usage", "message": message, "exit": 2}}))
         sys.exit(2)
     except click.ClickException as e:
         say(e.format_message())

@@ -106,13 +106,15 @@ def _sliding_window(f: ConfigFields, model_type: str, defaults: dict) -> int | N
     """The window every layer attends within, or None. Mistral, Mixtral and Phi-3 window every layer
     when ``sliding_window`` is set; Qwen2/3 only with ``use_sliding_window``, and then only some layers
     (``layer_types``, else those from ``max_window_layers`` on), which we refuse unless it is all."""
+    types = _layer_types(f)
     if model_type in ("mistral", "mixtral", "phi3"):  # absent: the family's default; null: none
         return f.positive("sliding_window", None) if "sliding_window" in f.data else defaults.get("sliding_window")
     if model_type not in ("qwen2", "qwen3") or not f.bool("use_sliding_window", False):
+        if types is not None and "sliding_attention" in types:
+            raise f.error("layer_types has sliding_attention layers, but use_sliding_window is false")
         return None
     n = f.int("num_hidden_layers")
-    types = f.data.get("layer_types")
-    if isinstance(types, list):
+    if types is not None:
         sliding = [t == "sliding_attention" for t in types]
     else:
         first = f.int("max_window_layers", defaults["max_window_layers"])
@@ -122,6 +124,20 @@ def _sliding_window(f: ConfigFields, model_type: str, defaults: dict) -> int | N
     if not all(sliding):
         raise f.error("sliding-window attention on some layers only is not supported for this model_type")
     return f.positive("sliding_window", None)
+
+
+def _layer_types(f: ConfigFields) -> list[str] | None:
+    """``layer_types``, checked: one of full_attention / sliding_attention per layer, or absent."""
+    types = f.data.get("layer_types")
+    if types is None:
+        return None
+    n = f.int("num_hidden_layers")
+    if not isinstance(types, list) or len(types) != n:
+        raise f.error(f"layer_types must list one kind per layer ({n})")
+    bad = next((t for t in types if t not in ("full_attention", "sliding_attention")), None)
+    if bad is not None or not all(isinstance(t, str) for t in types):
+        raise f.error(f"layer_types: {bad!r} is not full_attention or sliding_attention")
+    return types
 
 
 def llama_model_type(c: LlamaConfig) -> str:
