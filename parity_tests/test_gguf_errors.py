@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 import pytest
 from gguf import GGUFWriter
 
 from helpers import run_cli
+from hostile import gguf_tensor_info_positions
 from test_cli_errors import one_line_error
 
 
@@ -88,3 +91,31 @@ def test_a_gguf_without_tokenizer_still_traces_ids_verifies_and_exports(tmp_path
     r = run_cli("export", f, "--format", "safetensors", "-o", tmp_path / "hf")
     assert r.returncode == 0 and (tmp_path / "hf" / "model.safetensors").exists(), r.stderr
     one_line_error(run_cli("export", f, "--format", "gguf", "-o", tmp_path / "x.gguf"), "t.gguf", "no tokenizer")
+
+
+# --- The tensor table: llama.cpp refuses a file whose tensors' data is not laid out as the table says,
+# and so must we (a file both we and transformers read wrongly would otherwise pass verify).
+
+def patch_tensor(path, index, offset=None, ggml_type=None):
+    """``path`` with tensor ``index``'s data offset (u64) and/or type (u32) in its table entry replaced."""
+    type_pos, offset_pos = gguf_tensor_info_positions(path, index)
+    data = bytearray(path.read_bytes())
+    if offset is not None:
+        struct.pack_into("<Q", data, offset_pos, offset)
+    if ggml_type is not None:
+        struct.pack_into("<I", data, type_pos, ggml_type)
+    path.write_bytes(bytes(data))
+    return path
+
+
+@pytest.mark.parametrize("command", [("trace", "--ids", "1,2,3"), ("verify", "--length", "4"),
+                                     ("export", "--format", "safetensors", "-o", "OUT"), ("inspect",)],
+                         ids=lambda c: c[0])
+def test_an_offset_that_wraps_at_2_64_is_refused(tmp_path, command):
+    """2^64 - 32 added to the data section's start in uint64 lands 32 bytes before it, in the header,
+    aligned: read as weights, trace and export succeeded and verify said PASSED."""
+    f = patch_tensor(write_llama_gguf(tmp_path / "w.gguf"), 2, offset=2**64 - 32)
+    verb, *rest = (str(tmp_path / "out") if a == "OUT" else a for a in command)
+    one_line_error(run_cli(verb, f, *rest), "w.gguf", "'blk.0.attn_q.weight'", "18,446,744,073,709,551,584",
+                   "outside the file's tensor data")
+    assert not (tmp_path / "out").exists()

@@ -2,12 +2,15 @@
 
 ``GGUFReader`` maps the file and walks its metadata; a hostile file could make it loop or allocate,
 so the header's counts are checked against the file's size first (``check_header``) and every read
-and array count against the bytes left (``CheckedReader``). Tensors are dequantized to float32 by
-``gguf.quants`` when loaded. What the metadata means for a model is ``convert/``'s business.
+and array count against the bytes left (``CheckedReader``). Its tensor table is checked before the
+reader computes anything from it (``check_tensor_table``): GGUFReader adds offsets in numpy's uint64,
+which wraps. Tensors are dequantized to float32 by ``gguf.quants`` when loaded. What the metadata
+means for a model is ``convert/``'s business.
 """
 
 from __future__ import annotations
 
+import math
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +18,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGUF_MAGIC, GGMLQuantizationType, GGUFReader, GGUFValueType, Keys
+from gguf import GGML_QUANT_SIZES, GGUF_MAGIC, GGMLQuantizationType, GGUFReader, GGUFValueType, Keys
 from gguf.quants import dequantize
 
 from ..convert.keymap import TensorInfo
@@ -87,6 +90,42 @@ def check_header(path: Path) -> None:
                           f"more than a {size:,}-byte file can hold")
 
 
+class TableError(ValueError):
+    """A tensor table that does not describe the file's data; its message names the tensor."""
+
+
+def check_tensor_table(fields: list[Any], data_start: int, file_size: int) -> None:
+    """Refuse a tensor whose data does not lie inside the file's data section (which starts at
+    ``data_start``), from the table's raw entries, before GGUFReader reads anything there.
+
+    All arithmetic is in Python ints: GGUFReader adds each offset to the data section's start in
+    numpy's uint64, so an offset of 2^64 - 32 wrapped to a place inside the header, past every check
+    made after it, and its bytes were read as weights (transformers reads the same wrapped bytes, so
+    verify passed). Each entry's parts: name length, name, dimension count, dimensions (innermost
+    first), type, offset.
+    """
+    data_size = file_size - data_start
+    for field in fields:
+        name, (n_dims,), dims, (raw_type,), (offset,) = field.name, *(field.parts[i] for i in (2, 3, 4, 5))
+        dims, offset = [int(d) for d in dims], int(offset)
+        try:
+            kind = GGMLQuantizationType(int(raw_type))
+        except ValueError:
+            raise TableError(f"tensor '{name}' has an unknown type ({int(raw_type)})") from None
+        block, block_bytes = GGML_QUANT_SIZES[kind]
+        shape = list(reversed(dims))  # as torch lists it, outermost first
+        if int(n_dims) > 4 or any(d >= 2**63 for d in dims) or math.prod(dims) >= 2**63:
+            raise TableError(f"tensor '{name}' has the shape {shape}, more than GGUF allows (4 dimensions, "
+                             f"fewer than 2^63 elements)")
+        if (dims[0] if dims else 1) % block:
+            raise TableError(f"tensor '{name}' of type {kind.name} has rows of {dims[0] if dims else 1} "
+                             f"elements, not a multiple of its block ({block})")
+        size = math.prod(dims) // block * block_bytes
+        if offset + size > data_size:
+            raise TableError(f"tensor '{name}' ({kind.name} {shape}, {size:,} bytes at data offset {offset:,}) "
+                             f"lies outside the file's tensor data ({max(data_size, 0):,} bytes)")
+
+
 class CheckedReader(GGUFReader):
     """GGUFReader, refusing to read past the end of the file. Its reads past the end return empty
     arrays, so an array whose count is 2^40 made it append empty parts for ever (3.5 GB in 30 s):
@@ -118,6 +157,10 @@ class CheckedReader(GGUFReader):
                                  f"than {self.MOST_NESTED:,}")
         return super()._get_field_parts(orig_offs, raw_type)
 
+    def _build_tensors(self, start_offs, fields):
+        check_tensor_table(fields, int(start_offs), len(self.data))
+        return super()._build_tensors(start_offs, fields)
+
 
 def read_fields(path: Path) -> GGUFFields:
     """A GGUF file's metadata (its tensors listed, none read), whatever its architecture."""
@@ -127,6 +170,8 @@ def read_fields(path: Path) -> GGUFFields:
         reader = CheckedReader(path, "r")
     except FileNotFoundError:
         raise where(path, "no such file") from None
+    except TableError as e:
+        raise where(path, f"not a readable GGUF file: {e}") from None
     except Exception as e:  # GGUFReader raises ValueError, struct.error, IndexError… on a corrupt file
         raise where(path, f"not a readable GGUF file ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
     return GGUFFields(reader, path)
@@ -138,14 +183,11 @@ def open_gguf(path: Path) -> GGUFFile:
     path = fields.path
     reader = fields.reader
     tensors, types = {}, {}
-    size = path.stat().st_size
-    for t in reader.tensors:
+    for t in reader.tensors:  # each one's data inside the file (check_tensor_table)
         if t.name in tensors:
             raise where(path, f"tensor '{t.name}' appears twice")
         if (t.data_offset - reader.data_offset) % reader.alignment:
             raise where(path, f"tensor '{t.name}' starts at a data offset not aligned to {reader.alignment} bytes")
-        if t.data_offset + t.n_bytes > size:
-            raise where(path, f"tensor '{t.name}' runs past the end of the file")
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))  # ggml lists dims innermost first
         tensors[t.name] = TensorInfo(shape, torch.float32, _loader(path, t, shape))
         types[t.name] = t.tensor_type.name
