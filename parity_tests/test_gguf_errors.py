@@ -6,14 +6,16 @@ import struct
 
 import numpy as np
 import pytest
-from gguf import GGUFWriter
+from gguf import GGMLQuantizationType, GGUFWriter
+from gguf.quants import quantize
 
 from helpers import run_cli
 from hostile import gguf_tensor_info_positions
 from test_cli_errors import one_line_error
 
 
-def write_llama_gguf(path, arch="llama", skip_key=None, bad_shape=False, n_layers=1):
+def write_llama_gguf(path, arch="llama", skip_key=None, bad_shape=False, n_layers=1, quant=None):
+    """A one-layer (``n_layers``) Llama in F32; ``quant`` (a GGMLQuantizationType): its matrices in that type."""
     w = GGUFWriter(str(path), arch)
     meta = {"context_length": 64, "embedding_length": 32, "block_count": n_layers, "feed_forward_length": 64,
             "head_count": 4, "head_count_kv": 2, "layer_norm_rms_eps": 1e-5}
@@ -27,6 +29,9 @@ def write_llama_gguf(path, arch="llama", skip_key=None, bad_shape=False, n_layer
     w.add_vocab_size(100)
     rng = np.random.default_rng(0)
     t = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
+    if quant is not None:
+        add = w.add_tensor
+        w.add_tensor = lambda name, x: add(name, quantize(x, quant), raw_dtype=quant) if x.ndim == 2 else add(name, x)
     w.add_tensor("token_embd.weight", t(100, 32))
     for i in range(n_layers):
         w.add_tensor(f"blk.{i}.attn_norm.weight", t(32))
@@ -119,3 +124,34 @@ def test_an_offset_that_wraps_at_2_64_is_refused(tmp_path, command):
     one_line_error(run_cli(verb, f, *rest), "w.gguf", "'blk.0.attn_q.weight'", "18,446,744,073,709,551,584",
                    "outside the file's tensor data")
     assert not (tmp_path / "out").exists()
+
+
+F32, F16, BF16, F64, Q8_0, Q4_0 = (GGMLQuantizationType[n] for n in ("F32", "F16", "BF16", "F64", "Q8_0", "Q4_0"))
+
+
+@pytest.mark.parametrize("stored,edit,needles", [
+    # two tensors given one offset: the same bytes read as both
+    (F32, lambda f: patch_tensor(f, 2, offset=0), ["'blk.0.attn_q.weight'", "overlaps tensor 'token_embd.weight'"]),
+    # relabelled to a smaller type: half of the tensor's bytes read, the rest belonging to none
+    (F32, lambda f: patch_tensor(f, 2, ggml_type=BF16), ["'blk.0.attn_k.weight'", "past the end of tensor "
+                                                          "'blk.0.attn_q.weight' (BF16 [32, 32]: 2,048 bytes"]),
+    (Q8_0, lambda f: patch_tensor(f, 2, ggml_type=Q4_0), ["past the end of tensor 'blk.0.attn_q.weight' (Q4_0 [32, 32]"]),
+    # relabelled to a larger type: the tensor read into the next one's data
+    (F32, lambda f: patch_tensor(f, 2, ggml_type=F64), ["'blk.0.attn_k.weight'", "overlaps tensor "
+                                                         "'blk.0.attn_q.weight' (F64 [32, 32]"]),
+    # two tensors of one size, their offsets swapped: no overlap, but not where llama.cpp looks
+    (F32, lambda f: swap_offsets(f, 2, 5), ["'blk.0.attn_q.weight'", "llama.cpp expects it at 12,928"]),
+], ids=["same-offset", "f32-as-bf16", "q8_0-as-q4_0", "f32-as-f64", "swapped"])
+def test_a_tensor_table_llama_cpp_refuses_is_refused(tmp_path, stored, edit, needles):
+    f = write_llama_gguf(tmp_path / "t.gguf", quant=None if stored == F32 else stored)
+    assert run_cli("trace", f, "--ids", "1,2,3").returncode == 0  # the file as written loads
+    edit(f)
+    one_line_error(run_cli("trace", f, "--ids", "1,2,3"), "t.gguf", *needles)
+
+
+def swap_offsets(path, i, j):
+    """``path`` with tensors ``i`` and ``j``'s data offsets exchanged."""
+    data = path.read_bytes()
+    (_, a), (_, b) = gguf_tensor_info_positions(path, i), gguf_tensor_info_positions(path, j)
+    patch_tensor(path, i, offset=struct.unpack_from("<Q", data, b)[0])
+    return patch_tensor(path, j, offset=struct.unpack_from("<Q", data, a)[0])

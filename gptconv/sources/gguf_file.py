@@ -94,20 +94,30 @@ class TableError(ValueError):
     """A tensor table that does not describe the file's data; its message names the tensor."""
 
 
-def check_tensor_table(fields: list[Any], data_start: int, file_size: int) -> None:
-    """Refuse a tensor whose data does not lie inside the file's data section (which starts at
-    ``data_start``), from the table's raw entries, before GGUFReader reads anything there.
+def check_tensor_table(fields: list[Any], data_start: int, alignment: int, file_size: int) -> None:
+    """Refuse, from the tensor table's raw entries and before GGUFReader reads anything there, a table
+    that does not describe the file's data section (which starts at ``data_start``) as llama.cpp
+    requires: each tensor's data right after the previous one's, padded to ``alignment``, in table order
+    (gguf.cpp: "tensor '…' has offset …, expected …"), and inside the file.
 
     All arithmetic is in Python ints: GGUFReader adds each offset to the data section's start in
     numpy's uint64, so an offset of 2^64 - 32 wrapped to a place inside the header, past every check
     made after it, and its bytes were read as weights (transformers reads the same wrapped bytes, so
-    verify passed). Each entry's parts: name length, name, dimension count, dimensions (innermost
-    first), type, offset.
+    verify passed). The layout rule is what catches a type or shape that does not match the data: an
+    F32 tensor relabelled BF16, or two tensors given one offset, were read here (half the tensor; the
+    same bytes twice) and refused by llama.cpp. Each entry's parts: name length, name, dimension
+    count, dimensions (innermost first), type, offset.
     """
     data_size = file_size - data_start
+    expected = 0  # where llama.cpp expects the next tensor's data: the previous ones' padded sizes summed
+    regions: list[tuple[str, str, int, int]] = []  # each tensor so far: name, "TYPE [shape]", start, end
+    names: set[str] = set()  # a set: a file may list millions of tensors
     for field in fields:
         name, (n_dims,), dims, (raw_type,), (offset,) = field.name, *(field.parts[i] for i in (2, 3, 4, 5))
         dims, offset = [int(d) for d in dims], int(offset)
+        if name in names:
+            raise TableError(f"tensor '{name}' appears twice")
+        names.add(name)
         try:
             kind = GGMLQuantizationType(int(raw_type))
         except ValueError:
@@ -121,9 +131,28 @@ def check_tensor_table(fields: list[Any], data_start: int, file_size: int) -> No
             raise TableError(f"tensor '{name}' of type {kind.name} has rows of {dims[0] if dims else 1} "
                              f"elements, not a multiple of its block ({block})")
         size = math.prod(dims) // block * block_bytes
+        what = f"{kind.name} {shape}"
         if offset + size > data_size:
-            raise TableError(f"tensor '{name}' ({kind.name} {shape}, {size:,} bytes at data offset {offset:,}) "
+            raise TableError(f"tensor '{name}' ({what}, {size:,} bytes at data offset {offset:,}) "
                              f"lies outside the file's tensor data ({max(data_size, 0):,} bytes)")
+        if offset % alignment:
+            raise TableError(f"tensor '{name}' starts at a data offset not aligned to {alignment} bytes ({offset:,})")
+        if offset < expected:  # inside an earlier tensor's data (aligned, so not in its padding alone)
+            other, other_what, start, end = next(
+                (r for r in reversed(regions) if r[2] <= offset < r[3]), regions[-1])
+            raise TableError(f"tensor '{name}' ({what}) at data offset {offset:,} overlaps tensor '{other}' "
+                             f"({other_what}, bytes {start:,} to {end:,}); llama.cpp expects it at {expected:,}")
+        if offset > expected:
+            if not regions:
+                raise TableError(f"tensor '{name}', the first, starts at data offset {offset:,}, not 0; "
+                                 f"llama.cpp expects 0")
+            other, other_what, start, end = regions[-1]
+            raise TableError(f"tensor '{name}' starts at data offset {offset:,}, {offset - expected:,} bytes past the "
+                             f"end of tensor '{other}' ({other_what}: {end - start:,} bytes, padded to {alignment}): "
+                             f"a type or shape that does not match the data, or tensors out of order; llama.cpp "
+                             f"expects it at {expected:,}")
+        regions.append((name, what, offset, offset + size))
+        expected = offset + -(-size // alignment) * alignment
 
 
 class CheckedReader(GGUFReader):
@@ -158,7 +187,7 @@ class CheckedReader(GGUFReader):
         return super()._get_field_parts(orig_offs, raw_type)
 
     def _build_tensors(self, start_offs, fields):
-        check_tensor_table(fields, int(start_offs), len(self.data))
+        check_tensor_table(fields, int(start_offs), int(self.alignment), len(self.data))
         return super()._build_tensors(start_offs, fields)
 
 
@@ -178,16 +207,13 @@ def read_fields(path: Path) -> GGUFFields:
 
 
 def open_gguf(path: Path) -> GGUFFile:
-    """The file's metadata and tensors, each tensor checked to lie inside the file."""
+    """The file's metadata and tensors, each tensor's data checked to lie inside the file, where
+    llama.cpp expects it (``check_tensor_table``)."""
     fields = read_fields(path)
     path = fields.path
     reader = fields.reader
     tensors, types = {}, {}
-    for t in reader.tensors:  # each one's data inside the file (check_tensor_table)
-        if t.name in tensors:
-            raise where(path, f"tensor '{t.name}' appears twice")
-        if (t.data_offset - reader.data_offset) % reader.alignment:
-            raise where(path, f"tensor '{t.name}' starts at a data offset not aligned to {reader.alignment} bytes")
+    for t in reader.tensors:  # laid out as llama.cpp requires, inside the file (check_tensor_table)
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))  # ggml lists dims innermost first
         tensors[t.name] = TensorInfo(shape, torch.float32, _loader(path, t, shape))
         types[t.name] = t.tensor_type.name
