@@ -155,3 +155,19 @@ def swap_offsets(path, i, j):
     (_, a), (_, b) = gguf_tensor_info_positions(path, i), gguf_tensor_info_positions(path, j)
     patch_tensor(path, i, offset=struct.unpack_from("<Q", data, b)[0])
     return patch_tensor(path, j, offset=struct.unpack_from("<Q", data, a)[0])
+
+
+def test_a_corrupt_block_scale_prints_no_numpy_warning(tmp_path):
+    """A Q8_0 block whose scale is +Inf and whose quants are 0: dequantizing it multiplies Inf by 0,
+    and numpy's "RuntimeWarning: invalid value encountered in multiply" came before our output, and
+    before export's one error line."""
+    from gguf import GGUFReader
+    f = write_llama_gguf(tmp_path / "s.gguf", quant=Q8_0)
+    start = next(t.data_offset for t in GGUFReader(f).tensors if t.name == "blk.0.attn_q.weight")
+    data = bytearray(f.read_bytes())
+    data[start:start + 34] = struct.pack("<H", 0x7C00) + bytes(32)  # f16 +Inf, then the block's 32 quants
+    f.write_bytes(bytes(data))
+    r = run_cli("trace", f, "--ids", "1,2,3")
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    one_line_error(run_cli("export", f, "--format", "safetensors", "-o", tmp_path / "hf"), "s.gguf",
+                   "holds NaN or Inf values")

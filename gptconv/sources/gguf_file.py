@@ -196,7 +196,11 @@ def read_fields(path: Path) -> GGUFFields:
     path = regular_file(Path(path), UNLIMITED)  # a FIFO would block GGUFReader for ever
     check_header(path)
     try:
-        reader = CheckedReader(path, "r")
+        # numpy's warnings off while GGUFReader computes: its uint64 arithmetic printed "RuntimeWarning:
+        # overflow encountered in scalar add" after a wrap; the table is checked in Python ints first
+        # (check_tensor_table), so such a wrap no longer decides anything, and must not print
+        with np.errstate(all="ignore"):
+            reader = CheckedReader(path, "r")
     except FileNotFoundError:
         raise where(path, "no such file") from None
     except TableError as e:
@@ -223,11 +227,16 @@ def open_gguf(path: Path) -> GGUFFile:
 def _loader(path: Path, t: Any, shape: tuple[int, ...]):
     def load() -> torch.Tensor:
         try:
-            if t.tensor_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
-                array = np.asarray(t.data, dtype=np.float32)
-            else:
-                array = dequantize(t.data, t.tensor_type)
-            return torch.from_numpy(np.array(array, dtype=np.float32, copy=True)).reshape(shape)
+            # numpy's floating-point warnings off: a corrupt block scale (Inf times a quant of 0) printed
+            # "RuntimeWarning: invalid value encountered in multiply" ahead of our output or our one error
+            # line. The NaN or Inf it makes is judged where the weights are used: export refuses them,
+            # verify reports them.
+            with np.errstate(all="ignore"):
+                if t.tensor_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
+                    array = np.asarray(t.data, dtype=np.float32)
+                else:
+                    array = dequantize(t.data, t.tensor_type)
+                return torch.from_numpy(np.array(array, dtype=np.float32, copy=True)).reshape(shape)
         except (NotImplementedError, ValueError, TypeError) as e:
             raise where(path, f"tensor '{t.name}' of type {t.tensor_type.name} cannot be dequantized ({e})") from None
     return load
