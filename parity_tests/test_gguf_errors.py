@@ -171,3 +171,31 @@ def test_a_corrupt_block_scale_prints_no_numpy_warning(tmp_path):
     assert r.returncode == 0 and r.stderr == "", r.stderr
     one_line_error(run_cli("export", f, "--format", "safetensors", "-o", tmp_path / "hf"), "s.gguf",
                    "holds NaN or Inf values")
+
+
+# --- llama.cpp's own refusal, in its words: its errors (ggml's log level 4) were dropped, so a file it
+# refused read "llama.cpp cannot load this file (no message)".
+
+def test_llama_cpp_says_why_it_refuses_a_file(tmp_path):
+    pytest.importorskip("llama_cpp")
+    from gptconv.errors import GptconvError
+    from gptconv.llamacpp import LlamaCpp, dequantize_file
+    f = patch_tensor(write_llama_gguf(tmp_path / "t.gguf"), 2, offset=0)  # our reader refuses it first
+    with pytest.raises(GptconvError, match=r"t\.gguf: llama\.cpp cannot load this file \(tensor "
+                                           r"'blk\.0\.attn_q\.weight' has offset 0, expected 12928\)$"):
+        LlamaCpp(f)
+    with pytest.raises(GptconvError, match=r"cannot rewrite this file in F32 \(.*has offset 0, expected 12928\)$"):
+        dequantize_file(f, tmp_path / "f32.gguf")  # llama.cpp's quantizer, in its own process
+
+
+def test_llama_cpp_refusing_without_a_reason_points_to_inspect(tmp_path, monkeypatch):
+    llama_cpp = pytest.importorskip("llama_cpp")
+    from gptconv.errors import GptconvError
+    from gptconv.llamacpp import LlamaCpp, library
+    library()  # its log callback set, before the load that says nothing
+    monkeypatch.setattr(llama_cpp, "llama_model_load_from_file", lambda *args: None)
+    f = write_llama_gguf(tmp_path / "t.gguf")
+    with pytest.raises(GptconvError) as e:
+        LlamaCpp(f)
+    assert str(e.value) == (f"{f}: llama.cpp cannot load this file and gave no reason; `gptconv inspect {f}` "
+                            f"lists the file's metadata and tensors")
