@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -39,16 +41,20 @@ def library(purpose: str = "llama.cpp as a reference") -> Any:
     if _log_callback is None:
         @llama_cpp.llama_log_callback
         def keep(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
-            if level in (2, 3):  # warnings and errors: the last one explains a failed load
-                _log.append(text.decode("utf-8", "replace").strip())
-                del _log[:-20]
+            line = text.decode("utf-8", "replace").strip()
+            if line and (level == WARN or level == ERROR and ERROR not in _said):
+                _said[level] = line
         _log_callback = keep
         llama_cpp.llama_log_set(keep, ctypes.c_void_p(0))
         llama_cpp.llama_backend_init()
     return llama_cpp
 
 
-_log: list[str] = []
+# ggml's log levels (ggml.h: NONE, DEBUG, INFO, WARN, ERROR, CONT). Levels 2 and 3 were kept as
+# "warnings and errors", which are INFO and WARN: llama.cpp's errors (4) were dropped, and a refused
+# file was reported as "(no message)", or with the last INFO line of the load as its reason.
+WARN, ERROR = 3, 4
+_said: dict[int, str] = {}  # since the call began (_listen): llama.cpp's first error and its last warning
 _log_callback = None
 
 
@@ -57,8 +63,20 @@ def version() -> str:
     return importlib.metadata.version("llama-cpp-python")
 
 
-def _last_error() -> str:
-    return next((line for line in reversed(_log) if line), "no message")
+def _listen() -> None:
+    """Forget what llama.cpp said before the call about to be made."""
+    _said.clear()
+
+
+def _failed(path: Path, what: str) -> GptconvError:
+    """llama.cpp ``what`` ("cannot load this file"), with its reason: its first error since _listen()
+    (the ones after it only say that the load failed; the function name it starts with dropped), else
+    its last warning; where it gave none, a pointer to what the file holds."""
+    said = _said.get(ERROR) or _said.get(WARN)
+    if said:
+        return where(path, f"llama.cpp {what} ({re.sub(r'^[A-Za-z_][A-Za-z0-9_]*: ', '', said)})")
+    return where(path, f"llama.cpp {what} and gave no reason; `gptconv inspect {shlex.quote(str(path))}` "
+                       f"lists the file's metadata and tensors")
 
 
 class LlamaCpp:
@@ -70,9 +88,10 @@ class LlamaCpp:
         params = lib.llama_model_default_params()
         params.use_extra_bufts = False
         params.vocab_only = vocab_only
+        _listen()
         self.model = lib.llama_model_load_from_file(str(self.path).encode(), params)
         if not self.model:
-            raise where(self.path, f"llama.cpp cannot load this file ({_last_error()})")
+            raise _failed(self.path, "cannot load this file")
         self.vocab = lib.llama_model_get_vocab(self.model)
         self.n_vocab = lib.llama_vocab_n_tokens(self.vocab)
         self.ctx = None
@@ -84,10 +103,11 @@ class LlamaCpp:
             c.type_k = c.type_v = 0  # GGML_TYPE_F32
             c.flash_attn_type = lib.LLAMA_FLASH_ATTN_TYPE_DISABLED
             c.no_perf = True
+            _listen()
             self.ctx = lib.llama_init_from_model(self.model, c)
             if not self.ctx:
                 self.close()
-                raise where(self.path, f"llama.cpp cannot make a context for this file ({_last_error()})")
+                raise _failed(self.path, "cannot make a context for this file")
             self.n_ctx = n_ctx
 
     @property
@@ -118,8 +138,9 @@ class LlamaCpp:
                 batch.seq_id[i][0] = 0
                 batch.logits[i] = True
             batch.n_tokens = len(ids)
+            _listen()
             if lib.llama_decode(self.ctx, batch) != 0:
-                raise where(self.path, f"llama.cpp failed to evaluate {len(ids)} tokens ({_last_error()})")
+                raise _failed(self.path, f"failed to evaluate {len(ids)} tokens")
             pointer = lib.llama_get_logits(self.ctx)
             return np.ctypeslib.as_array(pointer, shape=(len(ids), self.n_vocab)).copy()
         finally:

@@ -4,7 +4,8 @@ llama_cpp. Python runs signal handlers only between bytecodes, so a quantizer ca
 process would hold off Ctrl-C and SIGTERM for the minutes a large model takes; as a child it is
 killed at once and the export cleans up (``llamacpp.run_quantizer``).
 
-Exit 0 when the file is written; otherwise non-zero with llama.cpp's last warning or error on stderr.
+Exit 0 when the file is written; otherwise non-zero with llama.cpp's reason on stderr: its first
+error, else its last warning (as ``llamacpp._failed`` chooses; this file imports only llama_cpp).
 """
 
 import ctypes
@@ -13,12 +14,14 @@ import sys
 
 def main(path: str, out: str, ftype: str, nthread: str) -> int:
     import llama_cpp as lib
-    said: list[str] = []
+    said: dict[int, str] = {}
+    warn, error = 3, 4  # ggml's log levels (ggml.h: NONE, DEBUG, INFO, WARN, ERROR, CONT); 2 is INFO
 
     @lib.llama_log_callback
     def keep(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
-        if level in (2, 3):  # warnings and errors: the last one explains a failure
-            said.append(text.decode("utf-8", "replace").strip())
+        line = text.decode("utf-8", "replace").strip()
+        if line and (level == warn or level == error and error not in said):
+            said[level] = line  # the first error is the cause, those after it say the quantizer failed
 
     lib.llama_log_set(keep, ctypes.c_void_p(0))
     lib.llama_backend_init()
@@ -27,7 +30,7 @@ def main(path: str, out: str, ftype: str, nthread: str) -> int:
     params.allow_requantize = ftype == "ALL_F32"  # F32 from a quantized file: dequantizing
     params.nthread = int(nthread)
     if lib.llama_model_quantize(path.encode(), out.encode(), ctypes.byref(params)) != 0:
-        print(next((line for line in reversed(said) if line), "no message"), file=sys.stderr)
+        print(said.get(error) or said.get(warn) or "llama.cpp gave no reason", file=sys.stderr)
         return 1
     return 0
 

@@ -1,9 +1,10 @@
 """Seeded mutation fuzzing of the loaders: ``python fuzz.py WORKDIR CASES SEED [ONLY]``.
 
 WORKDIR holds what test_fuzz.py puts there: ``safetensors/`` (a GPT-2 folder), ``llama/`` (a Llama
-folder), ``model.gguf``, and optionally ``sharded/`` (a sharded safetensors folder). ONLY: a
-comma-separated list of case numbers to run alone (the others are still generated, so each case
-is the same as in the full run): how a failure is reproduced.
+folder), ``model.gguf``, and optionally ``sharded/`` (a sharded safetensors folder) and
+``model-q8_0.gguf`` (model.gguf's model with its matrices in Q8_0). ONLY: a comma-separated list
+of case numbers to run alone (the others are still generated, so each case is the same as in the
+full run): how a failure is reproduced.
 
 Case classes, in turn:
 
@@ -20,8 +21,13 @@ Case classes, in turn:
 - ``tokenizer-code``: a tokenizer.json whose pre-tokenizer, normalizer or decoder runs a regex that
   backtracks past Oniguruma's limit (a Rust panic), and chat templates that loop, allocate, recurse,
   render without end or try to leave the sandbox, in a folder or a GGUF file.
+- ``gguf-offsets``: offset arithmetic at 2^64, and other tensor tables llama.cpp refuses: one
+  tensor's data offset set near 2^64 (GGUFReader's uint64 sum wraps it into the header), to a place
+  inside another tensor's data, or swapped with another's; one tensor's type relabelled to one whose
+  size no longer fits the data (F32 as BF16, Q8_0 as Q4_0, …). Each case must end in a one-line
+  GptconvError naming the file, with no warning printed: a load is a failure.
 
-Cases of the last four classes do not only load the model but also the tokenizer, encode a text,
+Cases of the four TOKENIZER_CLASSES do not only load the model but also the tokenizer, encode a text,
 decode the ids and render the chat template. Every case must end in a GptconvError or a success,
 within TIME_LIMIT seconds (a SIGALRM ends a case stuck in Python code: outcome "hang"; a watchdog
 ends the run if one is stuck where no signal reaches), under an address-space limit. Prints a JSON
@@ -30,6 +36,7 @@ summary: per class, how many cases of each kind ended how.
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import json
 import os
@@ -42,11 +49,13 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 from pathlib import Path
 
-from fuzz_hostile import (ABSENT_SIDE_FILES, SIDE_FILES, SPECIAL_KINDS, TEMPLATES, TEXT, TOKENIZER_ORDER,
+from fuzz_hostile import (ABSENT_SIDE_FILES, SIDE_FILES, SPECIAL_KINDS, TABLE_KINDS, TEMPLATES, TEXT, TOKENIZER_ORDER,
                           base_tokenizer_json, costly, extreme_literal, gguf_with_kvs, hostile_tokenizer_json,
-                          make_special, mutate_array_count, put_raw, put_template, tokenizer_kvs)
+                          make_special, mutate_array_count, mutate_tensor_table, put_raw, put_template, tensor_table,
+                          tokenizer_kvs)
 
 TIME_LIMIT = 20.0
 MEMORY_LIMIT = 8 << 30  # address space: a loader that tries to allocate a lie gets MemoryError, not the machine
@@ -56,7 +65,8 @@ NATIVE_LIMIT = TIME_LIMIT + 15  # a case still running then is stuck where SIGAL
 TEMPLATE_SECONDS = 1.0
 
 CLASSES = ("safetensors", "gguf", "config", "llama-config", "special-file", "json-extreme", "gguf-array",
-           "tokenizer-code")
+           "tokenizer-code", "gguf-offsets")
+TOKENIZER_CLASSES = ("special-file", "json-extreme", "gguf-array", "tokenizer-code")  # they load a tokenizer too
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
 
 
@@ -117,10 +127,11 @@ def _alarm(signum, frame):
     raise CaseHang()
 
 
-def exercise(target: Path, text: str, tokenizer: bool) -> tuple[str, list[str]]:
+def exercise(target: Path, text: str, tokenizer: bool, refusals: list[str] | None = None) -> tuple[str, list[str]]:
     """Load ``target``; with ``tokenizer`` also its tokenizer: encode ``text``, decode the ids, render the
     chat template. The outcome ("loaded": every step succeeded, "error": one ended in a GptconvError,
-    "other": one raised anything else) and a description of each "other"."""
+    "other": one raised anything else) and a description of each "other"; each GptconvError's message
+    added to ``refusals``."""
     import gptconv
     from gptconv.errors import GptconvError
     outcome, problems = "loaded", []
@@ -131,8 +142,10 @@ def exercise(target: Path, text: str, tokenizer: bool) -> tuple[str, list[str]]:
             return fn(), True
         except CaseHang:
             raise
-        except GptconvError:
+        except GptconvError as e:
             outcome = "error" if outcome == "loaded" else outcome
+            if refusals is not None:
+                refusals.append(str(e))
         except BaseException as e:  # noqa: BLE001 - the point is to catch anything
             outcome = "other"
             problems.append(f"{step}: {type(e).__name__}: {str(e)[:300]}\n{traceback.format_exc(limit=-6)}")
@@ -189,6 +202,9 @@ def main(workdir: Path, cases: int, seed: int, only: set[int] | None = None) -> 
                  "gguf": gguf_file.read_bytes(), "config": (st_folder / "config.json").read_text(),
                  "llama-config": (llama_folder / "config.json").read_text()}
     hot = {"safetensors": 8 + struct.unpack("<Q", originals["safetensors"][:8])[0], "gguf": 8192}
+    tables = {"F32": (originals["gguf"], tensor_table(gguf_file))}  # gguf-offsets: the files and their tables
+    if (workdir / "model-q8_0.gguf").is_file():
+        tables["Q8_0"] = ((workdir / "model-q8_0.gguf").read_bytes(), tensor_table(workdir / "model-q8_0.gguf"))
     tokenizer_json = {name: base_tokenizer_json(folder) for name, folder in folders.items()}
     gguf_tok = gguf_with_kvs(originals["gguf"], tokenizer_kvs(llama_folder, TEMPLATES["template-ok"][0]))
     summary: dict[str, dict[str, int]] = {}
@@ -213,7 +229,7 @@ def main(workdir: Path, cases: int, seed: int, only: set[int] | None = None) -> 
         case = workdir / f"case-{n}"
         if case.exists():  # left by a run the watchdog ended
             shutil.rmtree(case)
-        text, tokenizer, detail = TEXT, cls in CLASSES[4:], ""
+        text, tokenizer, detail = TEXT, cls in TOKENIZER_CLASSES, ""
         if cls == "gguf":
             case.mkdir()
             data, kind = mutate(originals["gguf"], rng, hot["gguf"])
@@ -258,6 +274,13 @@ def main(workdir: Path, cases: int, seed: int, only: set[int] | None = None) -> 
             data, place = put_raw((case / victim).read_text(), raw, rng)
             (case / victim).write_bytes(data)
             target, detail = case, f"{name}/{victim} at {place}: {size}"
+        elif cls == "gguf-offsets":
+            case.mkdir()
+            kind, stored = TABLE_KINDS[index % len(TABLE_KINDS)], rng.choice(sorted(tables))
+            data, detail = mutate_tensor_table(*tables[stored], kind, rng)
+            detail = f"{stored} file: {detail}"
+            target = case / "model.gguf"
+            target.write_bytes(data)
         elif cls == "gguf-array":
             case.mkdir()
             data, kind, detail = mutate_array_count(gguf_tok, rng, costly("fits", index))
@@ -288,14 +311,25 @@ def main(workdir: Path, cases: int, seed: int, only: set[int] | None = None) -> 
         rerun = f"(rerun alone: fuzz.py WORKDIR {cases} {seed} {n})"
         watchdog.current = (label, time.monotonic(), rerun)
         start = time.monotonic()
+        refusals: list[str] = []
         try:
             signal.setitimer(signal.ITIMER_REAL, TIME_LIMIT)
-            outcome, problems = exercise(target, text, tokenizer)
+            # gguf-offsets: a warning (numpy's, on a wrapped offset) would be printed beside the one error line
+            with warnings.catch_warnings(record=True) if cls == "gguf-offsets" else contextlib.nullcontext() as warned:
+                if warned is not None:
+                    warnings.simplefilter("always")
+                outcome, problems = exercise(target, text, tokenizer, refusals)
         except CaseHang:
-            outcome, problems = "hang", [f"did not end in {TIME_LIMIT:g}s (stopped by SIGALRM)\n"
-                                         f"{traceback.format_exc(limit=-8)}"]
+            outcome, problems, warned = "hang", [f"did not end in {TIME_LIMIT:g}s (stopped by SIGALRM)\n"
+                                                 f"{traceback.format_exc(limit=-8)}"], None
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
+        if cls == "gguf-offsets":  # a table llama.cpp refuses: one line naming the file, nothing else
+            if outcome == "loaded":
+                problems.append("loaded a tensor table that llama.cpp refuses")
+            problems += [f"refused in more than one line, or without naming the file: {m[:300]!r}"
+                         for m in refusals if "\n" in m or "model.gguf" not in m]
+            problems += [f"printed {w.category.__name__}: {str(w.message)[:200]}" for w in warned or []]
         watchdog.current = None
         took = time.monotonic() - start
         if outcome != "hang" and took > TIME_LIMIT:

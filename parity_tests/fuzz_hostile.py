@@ -1,13 +1,16 @@
-"""The fuzz's hostile case classes (see fuzz.py): special files, extreme JSON, GGUF array counts,
-tokenizers and chat templates that panic, loop or allocate. Each function makes one case's files."""
+"""The fuzz's hostile case classes (see fuzz.py): special files, extreme JSON, GGUF array counts, GGUF
+tensor tables that lie, tokenizers and chat templates that panic, loop or allocate. Each function makes
+one case's files."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import shutil
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 
 TEXT = "Hello world! The capital of France is Paris. café 🙂 1234"  # what every tokenizer case encodes
@@ -271,3 +274,109 @@ def put_template(folder: Path, template: str, rng: random.Random) -> str:
         {"name": "tool_use", "template": "{{ 'unused' }}"}, {"name": "default", "template": template}]
     path.write_text(json.dumps(config))
     return where
+
+
+# ---------------------------------------------------------------------------------------------------
+# gguf-offsets: tensor tables llama.cpp refuses (gguf.cpp: each tensor's data right after the previous
+# one's, padded to the alignment, in table order, inside the file), which must end in one error line:
+# offsets near 2^64 (GGUFReader adds them to the data section's start in uint64, which wraps into the
+# header), tensors given overlapping or swapped offsets, types relabelled so that the data no longer fits
+
+TABLE_KINDS = ("offset-2^64", "offset-2^64", "overlap", "swap", "relabel", "relabel")
+
+
+@dataclass
+class TableEntry:
+    name: str
+    ggml_type: int
+    dims: list[int]  # innermost first, as the file lists them
+    type_pos: int  # byte positions of its type (u32) and data offset (u64) in the file
+    offset_pos: int
+    offset: int
+    size: int  # bytes its data takes
+
+
+@dataclass
+class TensorTable:
+    entries: list[TableEntry]
+    data_start: int  # where the data section starts in the file
+    data_size: int
+    alignment: int
+
+
+def _data_bytes(ggml_type: int, dims: list[int]) -> int | None:
+    """Bytes a tensor of this type and shape takes; None where its rows are not whole blocks."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+    block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
+    if (dims[0] if dims else 1) % block:
+        return None
+    return math.prod(dims) // block * block_bytes
+
+
+def tensor_table(path: Path) -> TensorTable:
+    """The tensor table of the valid GGUF file ``path``, as gguf's reader sees it."""
+    from gguf import GGUFReader
+    reader = GGUFReader(path)
+    entries = []
+    for t in reader.tensors:
+        pos, starts = t.field.offset, []
+        for part in t.field.parts:
+            starts.append(pos)
+            pos += part.nbytes
+        dims = [int(d) for d in t.shape]
+        entries.append(TableEntry(t.name, int(t.tensor_type), dims, starts[-2], starts[-1],
+                                  int(t.data_offset) - reader.data_offset, _data_bytes(int(t.tensor_type), dims)))
+    return TensorTable(entries, reader.data_offset, len(reader.data) - reader.data_offset, int(reader.alignment))
+
+
+def _pad(n: int, alignment: int) -> int:
+    return -(-n // alignment) * alignment
+
+
+def refused_types(table: TensorTable, i: int) -> list[int]:
+    """The types that tensor ``i`` relabelled to makes a table llama.cpp refuses: rows that are not whole
+    blocks, a padded size that moves where the next tensor must start, or (the last tensor) data that
+    runs past the end of the file. A smaller last tensor is accepted by llama.cpp, so by us."""
+    from gguf import GGML_QUANT_SIZES
+    e, last = table.entries[i], i == len(table.entries) - 1
+    out = []
+    for ggml_type in sorted(int(t) for t in GGML_QUANT_SIZES):
+        size = _data_bytes(ggml_type, e.dims)
+        if size is None or (e.offset + size > table.data_size if last else
+                            _pad(size, table.alignment) != _pad(e.size, table.alignment)):
+            out.append(ggml_type)
+    return out
+
+
+def mutate_tensor_table(data: bytes, table: TensorTable, kind: str, rng: random.Random) -> tuple[bytes, str]:
+    """``data`` (the file ``table`` describes) with one lie in its tensor table; a description."""
+    from gguf import GGMLQuantizationType
+    b = bytearray(data)
+    entries, align = table.entries, table.alignment
+    i = rng.randrange(len(entries))
+    e = entries[i]
+    if kind == "offset-2^64":
+        wrap_to = rng.choice([0, 8, 24, rng.randrange(table.data_start // align) * align, table.data_start - align])
+        value, what = rng.choice([
+            (2**64 - table.data_start + wrap_to, f"wraps to file byte {wrap_to}"),
+            (2**64 - align, "2^64 - alignment"), (2**64 - 1, "2^64 - 1"), (2**63, "2^63"),
+            (2**64 - _pad(e.size, align), "offset + size wraps to 0")])
+        struct.pack_into("<Q", b, e.offset_pos, value)
+        return bytes(b), f"'{e.name}' offset {e.offset:,} -> {value:,} ({what})"
+    j = rng.choice([k for k in range(len(entries)) if k != i])
+    other = entries[j]
+    if kind == "overlap":  # the start of another tensor's data, or a place inside it
+        inside = rng.randrange(max(other.size // align, 1)) * align
+        struct.pack_into("<Q", b, e.offset_pos, other.offset + inside)
+        return bytes(b), f"'{e.name}' offset {e.offset:,} -> {other.offset + inside:,} (inside '{other.name}')"
+    if kind == "swap":
+        struct.pack_into("<Q", b, e.offset_pos, other.offset)
+        struct.pack_into("<Q", b, other.offset_pos, e.offset)
+        return bytes(b), f"'{e.name}' and '{other.name}' offsets swapped"
+    # relabel: a tensor that is not the last unless a type makes it run past the end
+    i = rng.choice([k for k in range(len(entries)) if refused_types(table, k)])
+    e = entries[i]
+    ggml_type = rng.choice(refused_types(table, i))
+    struct.pack_into("<I", b, e.type_pos, ggml_type)
+    return bytes(b), (f"'{e.name}' {GGMLQuantizationType(e.ggml_type).name} -> "
+                      f"{GGMLQuantizationType(ggml_type).name}")

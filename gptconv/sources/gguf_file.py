@@ -2,12 +2,15 @@
 
 ``GGUFReader`` maps the file and walks its metadata; a hostile file could make it loop or allocate,
 so the header's counts are checked against the file's size first (``check_header``) and every read
-and array count against the bytes left (``CheckedReader``). Tensors are dequantized to float32 by
-``gguf.quants`` when loaded. What the metadata means for a model is ``convert/``'s business.
+and array count against the bytes left (``CheckedReader``). Its tensor table is checked before the
+reader computes anything from it (``check_tensor_table``): GGUFReader adds offsets in numpy's uint64,
+which wraps. Tensors are dequantized to float32 by ``gguf.quants`` when loaded. What the metadata
+means for a model is ``convert/``'s business.
 """
 
 from __future__ import annotations
 
+import math
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +18,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGUF_MAGIC, GGMLQuantizationType, GGUFReader, GGUFValueType, Keys
+from gguf import GGML_QUANT_SIZES, GGUF_MAGIC, GGMLQuantizationType, GGUFReader, GGUFValueType, Keys
 from gguf.quants import dequantize
 
 from ..convert.keymap import TensorInfo
@@ -87,6 +90,71 @@ def check_header(path: Path) -> None:
                           f"more than a {size:,}-byte file can hold")
 
 
+class TableError(ValueError):
+    """A tensor table that does not describe the file's data; its message names the tensor."""
+
+
+def check_tensor_table(fields: list[Any], data_start: int, alignment: int, file_size: int) -> None:
+    """Refuse, from the tensor table's raw entries and before GGUFReader reads anything there, a table
+    that does not describe the file's data section (which starts at ``data_start``) as llama.cpp
+    requires: each tensor's data right after the previous one's, padded to ``alignment``, in table order
+    (gguf.cpp: "tensor '…' has offset …, expected …"), and inside the file.
+
+    All arithmetic is in Python ints: GGUFReader adds each offset to the data section's start in
+    numpy's uint64, so an offset of 2^64 - 32 wrapped to a place inside the header, past every check
+    made after it, and its bytes were read as weights (transformers reads the same wrapped bytes, so
+    verify passed). The layout rule is what catches a type or shape that does not match the data: an
+    F32 tensor relabelled BF16, or two tensors given one offset, were read here (half the tensor; the
+    same bytes twice) and refused by llama.cpp. Each entry's parts: name length, name, dimension
+    count, dimensions (innermost first), type, offset.
+    """
+    data_size = file_size - data_start
+    expected = 0  # where llama.cpp expects the next tensor's data: the previous ones' padded sizes summed
+    regions: list[tuple[str, str, int, int]] = []  # each tensor so far: name, "TYPE [shape]", start, end
+    names: set[str] = set()  # a set: a file may list millions of tensors
+    for field in fields:
+        name, (n_dims,), dims, (raw_type,), (offset,) = field.name, *(field.parts[i] for i in (2, 3, 4, 5))
+        dims, offset = [int(d) for d in dims], int(offset)
+        if name in names:
+            raise TableError(f"tensor '{name}' appears twice")
+        names.add(name)
+        try:
+            kind = GGMLQuantizationType(int(raw_type))
+        except ValueError:
+            raise TableError(f"tensor '{name}' has an unknown type ({int(raw_type)})") from None
+        block, block_bytes = GGML_QUANT_SIZES[kind]
+        shape = list(reversed(dims))  # as torch lists it, outermost first
+        if int(n_dims) > 4 or any(d >= 2**63 for d in dims) or math.prod(dims) >= 2**63:
+            raise TableError(f"tensor '{name}' has the shape {shape}, more than GGUF allows (4 dimensions, "
+                             f"fewer than 2^63 elements)")
+        if (dims[0] if dims else 1) % block:
+            raise TableError(f"tensor '{name}' of type {kind.name} has rows of {dims[0] if dims else 1} "
+                             f"elements, not a multiple of its block ({block})")
+        size = math.prod(dims) // block * block_bytes
+        what = f"{kind.name} {shape}"
+        if offset + size > data_size:
+            raise TableError(f"tensor '{name}' ({what}, {size:,} bytes at data offset {offset:,}) "
+                             f"lies outside the file's tensor data ({max(data_size, 0):,} bytes)")
+        if offset % alignment:
+            raise TableError(f"tensor '{name}' starts at a data offset not aligned to {alignment} bytes ({offset:,})")
+        if offset < expected:  # inside an earlier tensor's data (aligned, so not in its padding alone)
+            other, other_what, start, end = next(
+                (r for r in reversed(regions) if r[2] <= offset < r[3]), regions[-1])
+            raise TableError(f"tensor '{name}' ({what}) at data offset {offset:,} overlaps tensor '{other}' "
+                             f"({other_what}, bytes {start:,} to {end:,}); llama.cpp expects it at {expected:,}")
+        if offset > expected:
+            if not regions:
+                raise TableError(f"tensor '{name}', the first, starts at data offset {offset:,}, not 0; "
+                                 f"llama.cpp expects 0")
+            other, other_what, start, end = regions[-1]
+            raise TableError(f"tensor '{name}' starts at data offset {offset:,}, {offset - expected:,} bytes past the "
+                             f"end of tensor '{other}' ({other_what}: {end - start:,} bytes, padded to {alignment}): "
+                             f"a type or shape that does not match the data, or tensors out of order; llama.cpp "
+                             f"expects it at {expected:,}")
+        regions.append((name, what, offset, offset + size))
+        expected = offset + -(-size // alignment) * alignment
+
+
 class CheckedReader(GGUFReader):
     """GGUFReader, refusing to read past the end of the file. Its reads past the end return empty
     arrays, so an array whose count is 2^40 made it append empty parts for ever (3.5 GB in 30 s):
@@ -118,34 +186,38 @@ class CheckedReader(GGUFReader):
                                  f"than {self.MOST_NESTED:,}")
         return super()._get_field_parts(orig_offs, raw_type)
 
+    def _build_tensors(self, start_offs, fields):
+        check_tensor_table(fields, int(start_offs), int(self.alignment), len(self.data))
+        return super()._build_tensors(start_offs, fields)
+
 
 def read_fields(path: Path) -> GGUFFields:
     """A GGUF file's metadata (its tensors listed, none read), whatever its architecture."""
     path = regular_file(Path(path), UNLIMITED)  # a FIFO would block GGUFReader for ever
     check_header(path)
     try:
-        reader = CheckedReader(path, "r")
+        # numpy's warnings off while GGUFReader computes: its uint64 arithmetic printed "RuntimeWarning:
+        # overflow encountered in scalar add" after a wrap; the table is checked in Python ints first
+        # (check_tensor_table), so such a wrap no longer decides anything, and must not print
+        with np.errstate(all="ignore"):
+            reader = CheckedReader(path, "r")
     except FileNotFoundError:
         raise where(path, "no such file") from None
+    except TableError as e:
+        raise where(path, f"not a readable GGUF file: {e}") from None
     except Exception as e:  # GGUFReader raises ValueError, struct.error, IndexError… on a corrupt file
         raise where(path, f"not a readable GGUF file ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
     return GGUFFields(reader, path)
 
 
 def open_gguf(path: Path) -> GGUFFile:
-    """The file's metadata and tensors, each tensor checked to lie inside the file."""
+    """The file's metadata and tensors, each tensor's data checked to lie inside the file, where
+    llama.cpp expects it (``check_tensor_table``)."""
     fields = read_fields(path)
     path = fields.path
     reader = fields.reader
     tensors, types = {}, {}
-    size = path.stat().st_size
-    for t in reader.tensors:
-        if t.name in tensors:
-            raise where(path, f"tensor '{t.name}' appears twice")
-        if (t.data_offset - reader.data_offset) % reader.alignment:
-            raise where(path, f"tensor '{t.name}' starts at a data offset not aligned to {reader.alignment} bytes")
-        if t.data_offset + t.n_bytes > size:
-            raise where(path, f"tensor '{t.name}' runs past the end of the file")
+    for t in reader.tensors:  # laid out as llama.cpp requires, inside the file (check_tensor_table)
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))  # ggml lists dims innermost first
         tensors[t.name] = TensorInfo(shape, torch.float32, _loader(path, t, shape))
         types[t.name] = t.tensor_type.name
@@ -155,11 +227,16 @@ def open_gguf(path: Path) -> GGUFFile:
 def _loader(path: Path, t: Any, shape: tuple[int, ...]):
     def load() -> torch.Tensor:
         try:
-            if t.tensor_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
-                array = np.asarray(t.data, dtype=np.float32)
-            else:
-                array = dequantize(t.data, t.tensor_type)
-            return torch.from_numpy(np.array(array, dtype=np.float32, copy=True)).reshape(shape)
+            # numpy's floating-point warnings off: a corrupt block scale (Inf times a quant of 0) printed
+            # "RuntimeWarning: invalid value encountered in multiply" ahead of our output or our one error
+            # line. The NaN or Inf it makes is judged where the weights are used: export refuses them,
+            # verify reports them.
+            with np.errstate(all="ignore"):
+                if t.tensor_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
+                    array = np.asarray(t.data, dtype=np.float32)
+                else:
+                    array = dequantize(t.data, t.tensor_type)
+                return torch.from_numpy(np.array(array, dtype=np.float32, copy=True)).reshape(shape)
         except (NotImplementedError, ValueError, TypeError) as e:
             raise where(path, f"tensor '{t.name}' of type {t.tensor_type.name} cannot be dequantized ({e})") from None
     return load
