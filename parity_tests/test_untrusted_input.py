@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import time
 from pathlib import Path
@@ -474,3 +475,70 @@ def test_gguf_string_that_is_not_utf8_is_shown_escaped(tmp_path):
     r = bounded_cli("inspect", f)
     assert r.returncode == 0 and "general.name" in r.stdout and "\\xff" in r.stdout, r.stdout + r.stderr
     assert bounded_cli("inspect", f, "--json").returncode == 0
+
+
+# --- 17. --force replaces a regular file (or a link to one) or a folder of an export, nothing else.
+# Found by an outside hostile test of export: a FIFO or a device became a regular file (as root,
+# `-o /dev/null --force` destroyed /dev/null), a link loop was an internal error, a link to a folder
+# was "a file". Never the real /dev/null as -o here.
+
+def _special_output(path: Path, kind: str) -> None:
+    """``path`` as a FIFO, a socket, a link to /dev/null, a link to itself, or a link to a folder."""
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "socket":
+        import socket
+        s = socket.socket(socket.AF_UNIX)
+        s.bind(str(path))
+        s.close()  # the socket file stays
+    elif kind == "link-to-device":
+        path.symlink_to("/dev/null")
+    elif kind == "link-loop":
+        path.symlink_to(path.name)
+    else:
+        (path.parent / "elsewhere").mkdir()
+        (path.parent / "elsewhere" / "config.json").write_text("{}")
+        path.symlink_to("elsewhere")
+
+
+def _snapshot(folder: Path) -> list:
+    """Every entry under ``folder``: its name, its type, and a link's target or a file's bytes."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(folder):
+        for name in sorted(dirnames + filenames):
+            p = Path(dirpath) / name
+            mode = os.lstat(p).st_mode
+            content = (os.readlink(p) if os.path.islink(p) else
+                       p.read_bytes() if os.path.isfile(p) else None)
+            found.append((str(p.relative_to(folder)), stat.S_IFMT(mode), content))
+    return found
+
+
+SPECIAL_OUTPUTS = {  # kind → what the one line says it is, for a GGUF file and for an HF folder
+    "fifo": ("a FIFO", "a FIFO"), "socket": ("a socket", "a socket"),
+    "link-to-device": ("a symbolic link to a character device", "a symbolic link to a character device"),
+    "link-loop": ("a symbolic link loop", "a symbolic link loop"),
+    "link-to-folder": ("a symbolic link to a folder", "a symbolic link to a folder"),
+}
+
+
+@pytest.mark.parametrize("fmt", ["gguf", "safetensors"])
+@pytest.mark.parametrize("kind", list(SPECIAL_OUTPUTS))
+def test_force_replaces_only_a_file_or_an_exported_folder(ckpts, tmp_path, kind, fmt):
+    work = tmp_path / "work"
+    work.mkdir()
+    out = work / "o"
+    _special_output(out, kind)
+    before = _snapshot(work)
+    line = promise(bounded_cli("export", ckpts["tiny"], "--format", fmt, "-o", out, "--force", timeout=60),
+                   f"{out}:", SPECIAL_OUTPUTS[kind][fmt == "safetensors"])
+    assert "--force" in line
+    assert _snapshot(work) == before  # nothing replaced, nothing deleted, no temporary left
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+
+
+def test_reference_never_replaces_a_fifo(ckpts, tmp_path):
+    os.mkfifo(tmp_path / "ref.safetensors")
+    promise(bounded_cli("reference", ckpts["tiny"], "-o", tmp_path / "ref.safetensors", "--force", timeout=60),
+            "ref.safetensors:", "a FIFO")
+    assert stat.S_ISFIFO(os.lstat(tmp_path / "ref.safetensors").st_mode)
