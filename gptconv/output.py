@@ -33,7 +33,7 @@ def check_output(out: Path, force: bool, kind: str = "file", keep: tuple[Path, .
     a real name in an existing folder, and nothing there (a dangling link counts) unless ``force``;
     with ``force``, only a regular file (or a link to one, or to nothing: the link is replaced) for a
     file, only a folder for a folder, that is not, and does not hold, the working folder or one of
-    ``keep`` (the source), and a folder only if it looks like an exported model."""
+    ``keep`` (the source), and a folder only if it holds nothing but what an export writes."""
     out = Path(out)
     if out.name in ("", ".", ".."):
         raise where(out, "is not a name an output can be written under")
@@ -53,11 +53,7 @@ def check_output(out: Path, force: bool, kind: str = "file", keep: tuple[Path, .
         if inside == real or real in inside.parents:
             raise where(out, f"{'is' if inside == real else 'holds'} {what} ({inside}); --force will not replace it")
     if kind == "folder":
-        entries = list(out.iterdir())
-        if entries and (not (out / "config.json").exists()
-                        or any(p.is_dir() and not p.is_symlink() for p in entries)):
-            raise where(out, "is a folder that does not look like an exported model (no config.json, or "
-                             "folders inside); --force will not replace it")
+        _check_export_folder(out)
     return out
 
 
@@ -91,6 +87,26 @@ def _kind(mode: int) -> str:
     if stat.S_ISDIR(mode):
         return "a folder"
     return next((name for test, name in SPECIAL if test(mode)), "a special file")
+
+
+def _check_export_folder(folder: Path) -> None:
+    """Refuse a folder that holds anything an export does not write (a fine-tune's output folder holds
+    its optimizer state and notes beside config.json): replacing it would delete them. What would be
+    lost is named: the first few, and how many."""
+    from .writers.hf_folder import written_by_export  # the writer knows its own file names
+    with os.scandir(folder) as found:
+        entries = sorted(found, key=lambda e: e.name)
+    if not entries:
+        return
+    foreign = [e.name + "/" if e.is_dir(follow_symlinks=False) else e.name for e in entries
+               if e.is_dir(follow_symlinks=False) or not written_by_export(e.name)]
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        noun = "files and folders" if any(n.endswith("/") for n in foreign) else "file" if len(foreign) == 1 else "files"
+        raise where(folder, f"holds {len(foreign)} {noun} no export writes ({shown}), which --force would delete; "
+                            "left as it is")
+    if not any(e.name == "config.json" for e in entries):
+        raise where(folder, "holds no config.json, so it is no exported model; --force will not replace it")
 
 
 @contextlib.contextmanager

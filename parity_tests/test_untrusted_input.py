@@ -479,11 +479,12 @@ def test_gguf_string_that_is_not_utf8_is_shown_escaped(tmp_path):
 
 # --- 17. --force replaces a regular file (or a link to one) or a folder of an export, nothing else.
 # Found by an outside hostile test of export: a FIFO or a device became a regular file (as root,
-# `-o /dev/null --force` destroyed /dev/null), a link loop was an internal error, a link to a folder
-# was "a file". Never the real /dev/null as -o here.
+# `-o /dev/null --force` destroyed /dev/null), a fine-tune's folder lost its optimizer state, a link
+# loop was an internal error, a link to a folder was "a file". Never the real /dev/null as -o here.
 
 def _special_output(path: Path, kind: str) -> None:
-    """``path`` as a FIFO, a socket, a link to /dev/null, a link to itself, or a link to a folder."""
+    """``path`` as a FIFO, a socket, a link to /dev/null, a link to itself, a link to a folder, or a
+    folder that holds a model beside files no export writes (a fine-tune's output folder)."""
     if kind == "fifo":
         os.mkfifo(path)
     elif kind == "socket":
@@ -495,10 +496,14 @@ def _special_output(path: Path, kind: str) -> None:
         path.symlink_to("/dev/null")
     elif kind == "link-loop":
         path.symlink_to(path.name)
-    else:
+    elif kind == "link-to-folder":
         (path.parent / "elsewhere").mkdir()
         (path.parent / "elsewhere" / "config.json").write_text("{}")
         path.symlink_to("elsewhere")
+    else:
+        path.mkdir()
+        for name in ("config.json", "model.safetensors", "NOTES.md", "training_args.bin", "optimizer.pt"):
+            (path / name).write_bytes(name.encode())
 
 
 def _snapshot(folder: Path) -> list:
@@ -519,6 +524,7 @@ SPECIAL_OUTPUTS = {  # kind → what the one line says it is, for a GGUF file an
     "link-to-device": ("a symbolic link to a character device", "a symbolic link to a character device"),
     "link-loop": ("a symbolic link loop", "a symbolic link loop"),
     "link-to-folder": ("a symbolic link to a folder", "a symbolic link to a folder"),
+    "foreign-files": ("a folder", "NOTES.md, optimizer.pt, training_args.bin"),
 }
 
 
@@ -542,3 +548,29 @@ def test_reference_never_replaces_a_fifo(ckpts, tmp_path):
     promise(bounded_cli("reference", ckpts["tiny"], "-o", tmp_path / "ref.safetensors", "--force", timeout=60),
             "ref.safetensors:", "a FIFO")
     assert stat.S_ISFIFO(os.lstat(tmp_path / "ref.safetensors").st_mode)
+
+
+def test_force_names_what_a_folder_would_lose(ckpts, tmp_path):
+    """The first few of the files no export writes, and how many there are; sub-folders marked."""
+    out = tmp_path / "finetune"
+    out.mkdir()
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "a.txt", "b.txt", "c.txt", "d.txt"):
+        (out / name).write_text(name)
+    (out / "checkpoint-500").mkdir()
+    before = _snapshot(tmp_path)
+    promise(bounded_cli("export", ckpts["tiny"], "--format", "safetensors", "-o", out, "--force"),
+            f"{out}:", "5 files and folders", "a.txt, b.txt, c.txt and 2 more")
+    assert _snapshot(tmp_path) == before
+
+
+def test_force_replaces_an_exported_folder_with_every_kind_of_file(ckpts, tmp_path):
+    """Shards, their index, generation_config.json and the tokenizer files: all an export's own."""
+    out = tmp_path / "out"
+    args = ("export", ckpts["tiny"], "--format", "safetensors", "-o", out, "--max-shard-size", "20KB")
+    assert bounded_cli(*args).returncode == 0
+    names = {p.name for p in out.iterdir()}
+    assert {"model.safetensors.index.json", "generation_config.json", "vocab.json", "merges.txt"} <= names
+    assert any(n.startswith("model-00001-of-") for n in names)
+    r = bounded_cli(*args[:-1], "1GB", "--force")
+    assert r.returncode == 0, r.stderr
+    assert "model.safetensors" in {p.name for p in out.iterdir()} and partials(tmp_path) == []
