@@ -574,3 +574,14 @@ def test_force_replaces_an_exported_folder_with_every_kind_of_file(ckpts, tmp_pa
     r = bounded_cli(*args[:-1], "1GB", "--force")
     assert r.returncode == 0, r.stderr
     assert "model.safetensors" in {p.name for p in out.iterdir()} and partials(tmp_path) == []
+
+
+@pytest.mark.parametrize("flags", [("--format", "gguf", "--max-shard-size", "1MB"),
+                                   ("--format", "gguf", "--max-shard-size", "5GB"),
+                                   ("--format", "safetensors", "--check-ctx", "8"),
+                                   ("--format", "gguf", "--against", "llama.cpp"),
+                                   ("--format", "gguf", "--against", "gptconv")], ids=lambda f: f"{f[1]}{f[2]}={f[3]}")
+def test_flags_that_would_be_ignored_are_refused(ckpts, tmp_path, flags):
+    """A flag the export would not use (given, even at its default) is refused before anything is written."""
+    promise(bounded_cli("export", ckpts["tiny"], "-o", tmp_path / "out", *flags), flags[2])
+    assert list(tmp_path.iterdir()) == []
