@@ -102,7 +102,8 @@ def _check_export_folder(folder: Path) -> None:
                if e.is_dir(follow_symlinks=False) or not written_by_export(e.name)]
     if foreign:
         shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
-        noun = "files and folders" if any(n.endswith("/") for n in foreign) else "file" if len(foreign) == 1 else "files"
+        noun = ("files and folders" if any(n.endswith("/") for n in foreign)
+                else "file" if len(foreign) == 1 else "files")
         raise where(folder, f"holds {len(foreign)} {noun} no export writes ({shown}), which --force would delete; "
                             "left as it is")
     if not any(e.name == "config.json" for e in entries):
