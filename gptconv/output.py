@@ -31,8 +31,9 @@ class Terminated(BaseException):
 def check_output(out: Path, force: bool, kind: str = "file", keep: tuple[Path, ...] = ()) -> Path:
     """``out`` as an absolute path if an output of ``kind`` ("file" or "folder") may be written there:
     a real name in an existing folder, and nothing there (a dangling link counts) unless ``force``;
-    with ``force``, only a thing of the same kind that is not, and does not hold, the working folder
-    or one of ``keep`` (the source), and a folder only if it looks like an exported model."""
+    with ``force``, only a regular file (or a link to one, or to nothing: the link is replaced) for a
+    file, only a folder for a folder, that is not, and does not hold, the working folder or one of
+    ``keep`` (the source), and a folder only if it holds nothing but what an export writes."""
     out = Path(out)
     if out.name in ("", ".", ".."):
         raise where(out, "is not a name an output can be written under")
@@ -43,22 +44,70 @@ def check_output(out: Path, force: bool, kind: str = "file", keep: tuple[Path, .
         return out
     if not force:
         raise where(out, "already exists; pass --force to replace it")
-    is_dir = stat.S_ISDIR(os.lstat(out).st_mode)
-    if is_dir != (kind == "folder"):
-        raise where(out, f"is {'a folder' if is_dir else 'a file'} and this output is "
-                         f"{'a folder' if kind == 'folder' else 'a file'}; --force will not replace it")
+    there = describe(out)  # a device, a FIFO or a socket is never replaced: as root, /dev/null was
+    if there not in REPLACEABLE[kind]:
+        raise where(out, f"is {there}; --force replaces only {REPLACES[kind]}, so it is left as it is")
     real = out.resolve()
     for what, inside in (("the working folder", Path.cwd()), *(("the source", k) for k in keep)):
         inside = Path(os.path.abspath(inside)).resolve()
         if inside == real or real in inside.parents:
             raise where(out, f"{'is' if inside == real else 'holds'} {what} ({inside}); --force will not replace it")
-    if is_dir:
-        entries = list(out.iterdir())
-        if entries and (not (out / "config.json").exists()
-                        or any(p.is_dir() and not p.is_symlink() for p in entries)):
-            raise where(out, "is a folder that does not look like an exported model (no config.json, or "
-                             "folders inside); --force will not replace it")
+    if kind == "folder":
+        _check_export_folder(out)
     return out
+
+
+REPLACEABLE = {"file": ("a file", "a symbolic link to a file", "a symbolic link to nothing"), "folder": ("a folder",)}
+REPLACES = {"file": "a regular file (or a link to one)", "folder": "a folder an export wrote"}
+SPECIAL = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO"),
+           (stat.S_ISSOCK, "a socket"))
+
+
+def describe(path: Path) -> str:
+    """What is at ``path``, in words: "a file", "a folder", "a FIFO", "a symbolic link to a character
+    device (/dev/null)", "a symbolic link loop", "a symbolic link to nothing", …"""
+    mode = os.lstat(path).st_mode
+    if not stat.S_ISLNK(mode):
+        return _kind(mode)
+    try:
+        target = os.stat(path)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return "a symbolic link loop"
+        if e.errno in (errno.ENOENT, errno.ENOTDIR):
+            return "a symbolic link to nothing"
+        return f"a symbolic link whose target cannot be reached ({e.strerror})"
+    kind = _kind(target.st_mode)
+    return f"a symbolic link to {kind}" + ("" if kind in ("a file", "a folder") else f" ({os.path.realpath(path)})")
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISREG(mode):
+        return "a file"
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    return next((name for test, name in SPECIAL if test(mode)), "a special file")
+
+
+def _check_export_folder(folder: Path) -> None:
+    """Refuse a folder that holds anything an export does not write (a fine-tune's output folder holds
+    its optimizer state and notes beside config.json): replacing it would delete them. What would be
+    lost is named: the first few, and how many."""
+    from .writers.hf_folder import written_by_export  # the writer knows its own file names
+    with os.scandir(folder) as found:
+        entries = sorted(found, key=lambda e: e.name)
+    if not entries:
+        return
+    foreign = [e.name + "/" if e.is_dir(follow_symlinks=False) else e.name for e in entries
+               if e.is_dir(follow_symlinks=False) or not written_by_export(e.name)]
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        noun = ("files and folders" if any(n.endswith("/") for n in foreign)
+                else "file" if len(foreign) == 1 else "files")
+        raise where(folder, f"holds {len(foreign)} {noun} no export writes ({shown}), which --force would delete; "
+                            "left as it is")
+    if not any(e.name == "config.json" for e in entries):
+        raise where(folder, "holds no config.json, so it is no exported model; --force will not replace it")
 
 
 @contextlib.contextmanager

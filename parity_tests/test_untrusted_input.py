@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import time
 from pathlib import Path
@@ -474,3 +475,113 @@ def test_gguf_string_that_is_not_utf8_is_shown_escaped(tmp_path):
     r = bounded_cli("inspect", f)
     assert r.returncode == 0 and "general.name" in r.stdout and "\\xff" in r.stdout, r.stdout + r.stderr
     assert bounded_cli("inspect", f, "--json").returncode == 0
+
+
+# --- 17. --force replaces a regular file (or a link to one) or a folder of an export, nothing else.
+# Found by an outside hostile test of export: a FIFO or a device became a regular file (as root,
+# `-o /dev/null --force` destroyed /dev/null), a fine-tune's folder lost its optimizer state, a link
+# loop was an internal error, a link to a folder was "a file". Never the real /dev/null as -o here.
+
+def _special_output(path: Path, kind: str) -> None:
+    """``path`` as a FIFO, a socket, a link to /dev/null, a link to itself, a link to a folder, or a
+    folder that holds a model beside files no export writes (a fine-tune's output folder)."""
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "socket":
+        import socket
+        s = socket.socket(socket.AF_UNIX)
+        s.bind(str(path))
+        s.close()  # the socket file stays
+    elif kind == "link-to-device":
+        path.symlink_to("/dev/null")
+    elif kind == "link-loop":
+        path.symlink_to(path.name)
+    elif kind == "link-to-folder":
+        (path.parent / "elsewhere").mkdir()
+        (path.parent / "elsewhere" / "config.json").write_text("{}")
+        path.symlink_to("elsewhere")
+    else:
+        path.mkdir()
+        for name in ("config.json", "model.safetensors", "NOTES.md", "training_args.bin", "optimizer.pt"):
+            (path / name).write_bytes(name.encode())
+
+
+def _snapshot(folder: Path) -> list:
+    """Every entry under ``folder``: its name, its type, and a link's target or a file's bytes."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(folder):
+        for name in sorted(dirnames + filenames):
+            p = Path(dirpath) / name
+            mode = os.lstat(p).st_mode
+            content = (os.readlink(p) if os.path.islink(p) else
+                       p.read_bytes() if os.path.isfile(p) else None)
+            found.append((str(p.relative_to(folder)), stat.S_IFMT(mode), content))
+    return found
+
+
+SPECIAL_OUTPUTS = {  # kind → what the one line says it is, for a GGUF file and for an HF folder
+    "fifo": ("a FIFO", "a FIFO"), "socket": ("a socket", "a socket"),
+    "link-to-device": ("a symbolic link to a character device", "a symbolic link to a character device"),
+    "link-loop": ("a symbolic link loop", "a symbolic link loop"),
+    "link-to-folder": ("a symbolic link to a folder", "a symbolic link to a folder"),
+    "foreign-files": ("a folder", "NOTES.md, optimizer.pt, training_args.bin"),
+}
+
+
+@pytest.mark.parametrize("fmt", ["gguf", "safetensors"])
+@pytest.mark.parametrize("kind", list(SPECIAL_OUTPUTS))
+def test_force_replaces_only_a_file_or_an_exported_folder(ckpts, tmp_path, kind, fmt):
+    work = tmp_path / "work"
+    work.mkdir()
+    out = work / "o"
+    _special_output(out, kind)
+    before = _snapshot(work)
+    line = promise(bounded_cli("export", ckpts["tiny"], "--format", fmt, "-o", out, "--force", timeout=60),
+                   f"{out}:", SPECIAL_OUTPUTS[kind][fmt == "safetensors"])
+    assert "--force" in line
+    assert _snapshot(work) == before  # nothing replaced, nothing deleted, no temporary left
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+
+
+def test_reference_never_replaces_a_fifo(ckpts, tmp_path):
+    os.mkfifo(tmp_path / "ref.safetensors")
+    promise(bounded_cli("reference", ckpts["tiny"], "-o", tmp_path / "ref.safetensors", "--force", timeout=60),
+            "ref.safetensors:", "a FIFO")
+    assert stat.S_ISFIFO(os.lstat(tmp_path / "ref.safetensors").st_mode)
+
+
+def test_force_names_what_a_folder_would_lose(ckpts, tmp_path):
+    """The first few of the files no export writes, and how many there are; sub-folders marked."""
+    out = tmp_path / "finetune"
+    out.mkdir()
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "a.txt", "b.txt", "c.txt", "d.txt"):
+        (out / name).write_text(name)
+    (out / "checkpoint-500").mkdir()
+    before = _snapshot(tmp_path)
+    promise(bounded_cli("export", ckpts["tiny"], "--format", "safetensors", "-o", out, "--force"),
+            f"{out}:", "5 files and folders", "a.txt, b.txt, c.txt and 2 more")
+    assert _snapshot(tmp_path) == before
+
+
+def test_force_replaces_an_exported_folder_with_every_kind_of_file(ckpts, tmp_path):
+    """Shards, their index, generation_config.json and the tokenizer files: all an export's own."""
+    out = tmp_path / "out"
+    args = ("export", ckpts["tiny"], "--format", "safetensors", "-o", out, "--max-shard-size", "20KB")
+    assert bounded_cli(*args).returncode == 0
+    names = {p.name for p in out.iterdir()}
+    assert {"model.safetensors.index.json", "generation_config.json", "vocab.json", "merges.txt"} <= names
+    assert any(n.startswith("model-00001-of-") for n in names)
+    r = bounded_cli(*args[:-1], "1GB", "--force")
+    assert r.returncode == 0, r.stderr
+    assert "model.safetensors" in {p.name for p in out.iterdir()} and partials(tmp_path) == []
+
+
+@pytest.mark.parametrize("flags", [("--format", "gguf", "--max-shard-size", "1MB"),
+                                   ("--format", "gguf", "--max-shard-size", "5GB"),
+                                   ("--format", "safetensors", "--check-ctx", "8"),
+                                   ("--format", "gguf", "--against", "llama.cpp"),
+                                   ("--format", "gguf", "--against", "gptconv")], ids=lambda f: f"{f[1]}{f[2]}={f[3]}")
+def test_flags_that_would_be_ignored_are_refused(ckpts, tmp_path, flags):
+    """A flag the export would not use (given, even at its default) is refused before anything is written."""
+    promise(bounded_cli("export", ckpts["tiny"], "-o", tmp_path / "out", *flags), flags[2])
+    assert list(tmp_path.iterdir()) == []

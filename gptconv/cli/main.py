@@ -333,6 +333,7 @@ def export(source: str, fmt: str, dtype: str, output: Path, max_shard_bytes: int
            revision: str | None) -> None:
     """Write SOURCE as an HF-layout safetensors folder or a GGUF file llama.cpp runs."""
     from ..api import export as export_
+    _refuse_ignored(fmt, check_text)
     start = time.perf_counter()
     with progress_bar(as_json or quiet, "tensors", "tensor") as tensors, \
             progress_bar(as_json or quiet or check_text is None) as windows:
@@ -344,6 +345,17 @@ def export(source: str, fmt: str, dtype: str, output: Path, max_shard_bytes: int
         render.export_summary(summary)
         if summary.check is not None:
             render.perplexity(summary.check)
+
+
+def _refuse_ignored(fmt: str, check_text: Path | None) -> None:
+    """A flag that would change nothing is refused before anything is written: the user meant it to."""
+    ctx = click.get_current_context()
+    given = lambda name: ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT  # noqa: E731
+    if fmt == "gguf" and given("max_shard_bytes"):
+        raise click.UsageError("--max-shard-size: a GGUF file is written whole; it applies to --format safetensors")
+    for name, flag in (("check_ctx", "--check-ctx"), ("engine", "--against")):
+        if check_text is None and given(name):
+            raise click.UsageError(f"{flag}: it applies to --check TEXT_FILE, which is not given")
 
 
 @cli.command(epilog=example('gptconv perplexity gpt2 wiki.txt --ctx 512', 'gptconv perplexity s.q4_k_m.gguf wiki.txt --against smollm2-135m --in llama.cpp'))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -22,6 +23,13 @@ from .tensors import ExportedFile, Narrowing, Stored, Weights
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
                    "tokenizer.model", "added_tokens.json", "chat_template.jinja", "chat_template.json")
+WRITTEN = ("config.json", "generation_config.json", "model.safetensors.index.json", *TOKENIZER_FILES)
+SHARD = re.compile(r"model(-\d{5,}-of-\d{5,})?\.safetensors")  # as named below
+
+
+def written_by_export(name: str) -> bool:
+    """Whether an export writes a file of this name into its folder: all that --force may delete there."""
+    return name in WRITTEN or SHARD.fullmatch(name) is not None
 
 
 def write_hf_folder(weights: Weights, src, tokenizer, folder: Path, dtype: torch.dtype, shard_bytes: int,
