@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 import reprlib
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cache, cached_property
 from typing import Any, NamedTuple
@@ -357,8 +357,11 @@ class KeyMap:
 
     def inverse(self, targets: list[str], ctx: Any) -> list[Inverse]:
         """Our parameters grouped as this format stores them, in the order of their first part:
-        each source tensor's name, the parameters it holds, and how to join them back."""
+        each source tensor's name, the parameters it holds, and how to join them back. Two tensors
+        under one name are an error (rows whose names overlap, ``h.{i}.ln`` and ``h.0.ln``): a dict
+        or a file would keep one and lose the other without a word."""
         out, done = [], set()
+        named: dict[str, tuple[tuple[str, ...], Rule]] = {}
         for target in targets:
             if target in done:
                 continue
@@ -368,12 +371,54 @@ class KeyMap:
                 join = rule.fuse.join
             else:
                 parts, join = (target,), (lambda ts, c, t=rule.transform: t.inverse(ts[0], c))
+            name = rule.source.format(**groups)
             missing = [p for p in parts if p not in targets]
             if missing:
-                raise GptconvError(f"key map {self.name}: '{rule.source.format(**groups)}' needs {missing}")
+                raise GptconvError(f"key map {self.name}: '{name}' needs {missing}")
+            if name in named:
+                first, by = named[name]
+                rows = f"row {rule}" if by is rule else f"rows {by} and {rule}"
+                raise GptconvError(f"key map {self.name}: '{name}' is given two targets, {_few_names(first)} and "
+                                   f"{_few_names(parts)} ({rows}): one name holds one tensor")
+            named[name] = (parts, rule)
             done.update(parts)
-            out.append(Inverse(rule.source.format(**groups), parts, join))
+            out.append(Inverse(name, parts, join))
         return out
+
+    def check_layout(self, targets: Collection[str], inert: Collection[str], ctx: Any) -> None:
+        """This table read backwards as the names of someone's module (``state_dict(source, KeyMap)``):
+        every row's targets are the model's parameters, and each of ``targets`` (the parameters to fill)
+        has one row giving it a name. ``inert``: names a row may target that this model lacks (our head
+        when it is the embedding: a table written for tied and untied checkpoints keeps its head row).
+
+        Only for users' tables: ours may read two layouts of one tensor (Mixtral's experts, fused or
+        not), and name it, for export, by their first row."""
+        fills: dict[str, list[tuple[Rule, str]]] = {t: [] for t in targets}
+        for rule in self.rules:
+            if rule.kind == "drop":
+                continue
+            try:
+                templates = rule.targets(ctx)
+                templates = list(templates)
+            except Exception as e:  # noqa: BLE001 - a user's part count or parts, run on this config
+                raise GptconvError(f"key map {self.name}: row {rule} cannot list its targets for this model: "
+                                   f"{type(e).__name__}: {e}") from None
+            for template in templates:
+                if problem := _pair_problem(rule.source, template):  # Fused's parts were checked; a Rule's not
+                    raise GptconvError(f"key map {self.name}: row {rule}, target {template!r}: {problem}")
+                pattern = _compile(template)
+                hits = [t for t in fills if pattern.fullmatch(t)]
+                if not hits and not any(pattern.fullmatch(t) for t in inert):
+                    raise GptconvError(f"key map {self.name}: row {rule}: the model has no parameter '{template}'")
+                if rule.kind != "tied":  # a Tied row is a second name for its target, on purpose
+                    for t in hits:
+                        fills[t].append((rule, template))
+        for target, rows in fills.items():
+            if len(rows) > 1:
+                (a, ta), (b, tb) = rows[:2]
+                names = [r.source.format(**_compile(t).fullmatch(target).groupdict()) for r, t in ((a, ta), (b, tb))]
+                raise GptconvError(f"key map {self.name}: our '{target}' is given two names, '{names[0]}' and "
+                                   f"'{names[1]}' (rows {a} and {b}): a second name for one tensor is a Tied row")
 
     def plan(
         self,
@@ -452,6 +497,10 @@ class KeyMap:
 def _targets_of(rule: Rule) -> str:
     """A row's targets, for errors: a Map's one, or the Fused row itself (its parts depend on the config)."""
     return f"'{rule.target}'" if rule.kind == "map" else f"those of {rule}"
+
+
+def _few_names(names: tuple[str, ...]) -> str:
+    return " + ".join(f"'{n}'" for n in names[:3]) + (f" (+{len(names) - 3} more)" if len(names) > 3 else "")
 
 
 def _few(items: list[str], n: int = 4) -> str:
