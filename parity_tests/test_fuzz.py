@@ -3,7 +3,8 @@
 The cases (fuzz.py) are byte and value mutations of weights, GGUF files and configs; side files that are
 FIFOs, links to /dev/zero or to nothing, or folders; JSON nested 200,000 deep or with 5,000-digit numbers;
 GGUF arrays with hostile counts; tokenizers whose regexes make the Rust library panic and chat templates
-that loop or allocate (those cases also encode, decode and render).
+that loop or allocate (those cases also encode, decode and render); users' key tables for state_dict,
+reordered or renamed (they must load, as the unmutated table does) or broken (they must be refused).
 
 CI runs FUZZ_CASES (300); set GPTCONV_FUZZ_CASES for more, e.g. GPTCONV_FUZZ_CASES=5000 make test.
 """
