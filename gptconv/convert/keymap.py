@@ -398,8 +398,7 @@ class KeyMap:
             if rule.kind == "drop":
                 continue
             try:
-                templates = rule.targets(ctx)
-                templates = list(templates)
+                templates = list(rule.targets(ctx))
             except Exception as e:  # noqa: BLE001 - a user's part count or parts, run on this config
                 raise GptconvError(f"key map {self.name}: row {rule} cannot list its targets for this model: "
                                    f"{type(e).__name__}: {e}") from None
@@ -417,8 +416,9 @@ class KeyMap:
             if len(rows) > 1:
                 (a, ta), (b, tb) = rows[:2]
                 names = [r.source.format(**_compile(t).fullmatch(target).groupdict()) for r, t in ((a, ta), (b, tb))]
+                rows_text = f"row {a}" if a is b else f"rows {a} and {b}"  # a fused row listing a part twice
                 raise GptconvError(f"key map {self.name}: our '{target}' is given two names, '{names[0]}' and "
-                                   f"'{names[1]}' (rows {a} and {b}): a second name for one tensor is a Tied row")
+                                   f"'{names[1]}' ({rows_text}): a second name for one tensor is a Tied row")
 
     def plan(
         self,
