@@ -5,7 +5,9 @@ Every layout goes through the key-map engine import and export use: the source's
 parameters (dequantized, Q/K un-permuted, Conv1D transposed — whatever the source format needs), and
 the layout's table is read backwards (``KeyMap.inverse``) to name and reshape each tensor. A user's table
 is written the way ours are — rows ``Map(their_name, our_name, transform)`` — and is checked whole
-before any tensor is read: a row missing is an error naming the checkpoint's tensors it leaves out.
+before any tensor is read: a row missing is an error naming the checkpoint's tensors it leaves out; a row
+that fits no parameter of the model, a tensor given two names or a name given two tensors (a state dict
+would keep the last, and a strict ``load_state_dict`` take it) is an error naming the rows.
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ def state_dict(source: str | Path, layout: str | KeyMap = "gptconv", dtype: str 
     dt = parse_dtype(dtype)
     if isinstance(layout, str) and layout not in LAYOUTS:
         raise GptconvError(f"layout '{layout}': choose {' or '.join(LAYOUTS)}, or give a KeyMap")
+    if not isinstance(layout, (str, KeyMap)):  # its rows as a list, say: KeyMap(name, rows) checks them
+        raise GptconvError(f"layout is a {type(layout).__name__}: choose {' or '.join(LAYOUTS)}, "
+                           f"or give a KeyMap (KeyMap(name, rows) for a list of rows)")
     src = open_source(source, revision, backend="per-tensor")
     if layout == "gptconv":
         return load_source(src, dt).state_dict()
@@ -41,14 +46,26 @@ def state_dict(source: str | Path, layout: str | KeyMap = "gptconv", dtype: str 
     else:
         keymap = layout
     weights = Weights.of(src)
+    tied = getattr(src.config, "tie_embeddings", True)  # GPT-2 and Gemma always tie their head
+    if keymap is layout:  # a user's table: each of its rows fits this model, one name per tensor
+        keymap.check_layout(weights.shapes, {"lm_head.weight"} if tied else set(), src.config)
     _check_complete(keymap, weights, src)
     stored = weights.stored_as(keymap)
-    out = {s.name: tensor.to(dt, copy=True) for s, tensor in zip(stored, weights.written(stored))}
-    tied = getattr(src.config, "tie_embeddings", True)  # GPT-2 and Gemma always tie their head
+    holds = {s.name: s.ours for s in stored}  # each name's tensors of ours
+    copies: dict[str, str] = {}  # a tied copy's name → its original's
     for rule in keymap.rules:  # a tied copy (transformers' lm_head.weight) shares its original, when tied
-        if (rule.kind == "tied" and "{" not in rule.source and rule.source not in out and rule.target in weights.shapes
+        if (rule.kind == "tied" and "{" not in rule.source and rule.target in weights.shapes
                 and (tied or rule.target != "tok_emb.weight")):
-            out[rule.source] = out[keymap.source_name(rule.target, src.config)[0]]
+            if rule.source not in holds:
+                holds[rule.source] = (rule.target,)
+                copies[rule.source] = keymap.source_name(rule.target, src.config)[0]
+            elif rule.target not in holds[rule.source]:  # the name is another tensor's: one would be lost
+                theirs = " + ".join(f"'{n}'" for n in holds[rule.source])
+                raise GptconvError(f"key map {keymap.name}: '{rule.source}' is given two targets, {theirs} and "
+                                   f"'{rule.target}' (row {rule}): one name holds one tensor")
+    out = {s.name: tensor.to(dt, copy=True) for s, tensor in zip(stored, weights.written(stored))}
+    for name, original in copies.items():
+        out[name] = out[original]
     return out
 
 

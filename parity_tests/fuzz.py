@@ -26,9 +26,14 @@ Case classes, in turn:
   inside another tensor's data, or swapped with another's; one tensor's type relabelled to one whose
   size no longer fits the data (F32 as BF16, Q8_0 as Q4_0, …). Each case must end in a one-line
   GptconvError naming the file, with no warning printed: a load is a failure.
+- ``key-table``: a user's key table for ``gptconv.state_dict(folder, KeyMap)`` (GPT-2's HF rows) with
+  its rows reordered or renamed (it must load, and give the unmutated table's tensors under the new
+  names), or broken: one name for two tensors, two names for one, a field on one side, a stray brace, a
+  target the model lacks, a row that is no row (it must end in a GptconvError, not in a state dict).
 
-Cases of the four TOKENIZER_CLASSES do not only load the model but also the tokenizer, encode a text,
-decode the ids and render the chat template. Every case must end in a GptconvError or a success,
+Cases of the four classes from special-file to tokenizer-code do not only load the model but also the
+tokenizer, encode a text, decode the ids and render the chat template. Every case must end in a
+GptconvError or a success,
 within TIME_LIMIT seconds (a SIGALRM ends a case stuck in Python code: outcome "hang"; a watchdog
 ends the run if one is stuck where no signal reaches), under an address-space limit. Prints a JSON
 summary: per class, how many cases of each kind ended how.
@@ -52,10 +57,11 @@ import traceback
 import warnings
 from pathlib import Path
 
-from fuzz_hostile import (ABSENT_SIDE_FILES, SIDE_FILES, SPECIAL_KINDS, TABLE_KINDS, TEMPLATES, TEXT, TOKENIZER_ORDER,
-                          base_tokenizer_json, costly, extreme_literal, gguf_with_kvs, hostile_tokenizer_json,
-                          make_special, mutate_array_count, mutate_tensor_table, put_raw, put_template, tensor_table,
-                          tokenizer_kvs)
+from fuzz_hostile import (ABSENT_SIDE_FILES, KEY_TABLE_KINDS, KEY_TABLE_ORDER, SIDE_FILES, SPECIAL_KINDS,
+                          TABLE_KINDS, TEMPLATES, TEXT, TOKENIZER_ORDER, base_tokenizer_json, build_table, costly,
+                          extreme_literal, gguf_with_kvs, hostile_table, hostile_tokenizer_json, make_special,
+                          mutate_array_count, mutate_tensor_table, put_raw, put_template, table_specs,
+                          tensor_table, tokenizer_kvs)
 
 TIME_LIMIT = 20.0
 MEMORY_LIMIT = 8 << 30  # address space: a loader that tries to allocate a lie gets MemoryError, not the machine
@@ -65,7 +71,7 @@ NATIVE_LIMIT = TIME_LIMIT + 15  # a case still running then is stuck where SIGAL
 TEMPLATE_SECONDS = 1.0
 
 CLASSES = ("safetensors", "gguf", "config", "llama-config", "special-file", "json-extreme", "gguf-array",
-           "tokenizer-code", "gguf-offsets")
+           "tokenizer-code", "gguf-offsets", "key-table")
 TOKENIZER_CLASSES = ("special-file", "json-extreme", "gguf-array", "tokenizer-code")  # they load a tokenizer too
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
 
@@ -163,6 +169,31 @@ def exercise(target: Path, text: str, tokenizer: bool, refusals: list[str] | Non
     return outcome, problems
 
 
+def exercise_table(folder: Path, specs: list | None, expected: dict | None) -> tuple[str, list[str]]:
+    """``gptconv.state_dict(folder, table)``, the table built from ``specs`` in the same step (its rows are
+    checked as they are written). The outcome as ``exercise``'s; ``expected``: the state dict a valid table
+    gives (a problem if it gives another, or fails), None where the table is broken (a problem if it loads:
+    a state dict from a broken table has lost a tensor under a name, or holds one the model lacks)."""
+    import torch
+
+    import gptconv
+    from gptconv.errors import GptconvError
+    try:
+        state = gptconv.state_dict(folder, layout=build_table(specs))
+    except CaseHang:
+        raise
+    except GptconvError as e:
+        return "error", [] if expected is None else [f"a valid table was refused: {e}"]
+    except BaseException as e:  # noqa: BLE001 - the point is to catch anything
+        return "other", [f"state_dict: {type(e).__name__}: {str(e)[:300]}\n{traceback.format_exc(limit=-6)}"]
+    if expected is None:
+        return "loaded", [f"a broken table loaded, as {len(state)} tensors: {sorted(state)[:6]}"]
+    if state.keys() != expected.keys() or not all(torch.equal(state[k], v) for k, v in expected.items()):
+        odd = sorted(state.keys() ^ expected.keys())[:6]
+        return "loaded", [f"the state dict differs from the reference: {'keys ' + str(odd) if odd else 'tensors'}"]
+    return "loaded", []
+
+
 class Watchdog:
     """Ends the run when a case is stuck where SIGALRM cannot reach it (native code that never returns to
     Python): prints the result so far, with the stuck case as a failure, and every thread's stack."""
@@ -207,6 +238,10 @@ def main(workdir: Path, cases: int, seed: int, only: set[int] | None = None) -> 
         tables["Q8_0"] = ((workdir / "model-q8_0.gguf").read_bytes(), tensor_table(workdir / "model-q8_0.gguf"))
     tokenizer_json = {name: base_tokenizer_json(folder) for name, folder in folders.items()}
     gguf_tok = gguf_with_kvs(originals["gguf"], tokenizer_kvs(llama_folder, TEMPLATES["template-ok"][0]))
+    from gptconv.convert import GPT2_HF
+    base_table = table_specs(GPT2_HF.rules)  # HF's names as a user's table; its state dict, the reference
+    reference = gptconv.state_dict(st_folder, layout=build_table(base_table))
+    n_layers = gptconv.open_source(st_folder).config.n_layers
     summary: dict[str, dict[str, int]] = {}
     failures: list[str] = []
     seconds: dict[str, float] = {}  # per class, making and running its cases
@@ -229,7 +264,7 @@ def main(workdir: Path, cases: int, seed: int, only: set[int] | None = None) -> 
         case = workdir / f"case-{n}"
         if case.exists():  # left by a run the watchdog ended
             shutil.rmtree(case)
-        text, tokenizer, detail = TEXT, cls in TOKENIZER_CLASSES, ""
+        text, tokenizer, detail, table = TEXT, cls in TOKENIZER_CLASSES, "", None
         if cls == "gguf":
             case.mkdir()
             data, kind = mutate(originals["gguf"], rng, hot["gguf"])
@@ -286,6 +321,12 @@ def main(workdir: Path, cases: int, seed: int, only: set[int] | None = None) -> 
             data, kind, detail = mutate_array_count(gguf_tok, rng, costly("fits", index))
             target = case / "model.gguf"
             target.write_bytes(data)
+        elif cls == "key-table":
+            case.mkdir()  # left empty: the case is the table
+            kind = KEY_TABLE_ORDER[index % len(KEY_TABLE_ORDER)]
+            specs, rename, detail = hostile_table(base_table, kind, n_layers, rng)
+            assert (rename is not None) == KEY_TABLE_KINDS[kind], kind
+            table, target = (specs, rename(reference) if rename else None), st_folder
         else:  # tokenizer-code
             kind = next((k for k in ("template-loop", "template-double") if costly(k, index)),
                         TOKENIZER_ORDER[index % len(TOKENIZER_ORDER)])
@@ -318,7 +359,8 @@ def main(workdir: Path, cases: int, seed: int, only: set[int] | None = None) -> 
             with warnings.catch_warnings(record=True) if cls == "gguf-offsets" else contextlib.nullcontext() as warned:
                 if warned is not None:
                     warnings.simplefilter("always")
-                outcome, problems = exercise(target, text, tokenizer, refusals)
+                outcome, problems = (exercise_table(target, *table) if table else
+                                     exercise(target, text, tokenizer, refusals))
         except CaseHang:
             outcome, problems, warned = "hang", [f"did not end in {TIME_LIMIT:g}s (stopped by SIGALRM)\n"
                                                  f"{traceback.format_exc(limit=-8)}"], None

@@ -1,6 +1,6 @@
 """The fuzz's hostile case classes (see fuzz.py): special files, extreme JSON, GGUF array counts, GGUF
-tensor tables that lie, tokenizers and chat templates that panic, loop or allocate. Each function makes
-one case's files."""
+tensor tables that lie, tokenizers and chat templates that panic, loop or allocate, users' key tables.
+Each function makes one case's files (or, for a key table, the rows to build it from)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,13 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import struct
 from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 TEXT = "Hello world! The capital of France is Paris. café 🙂 1234"  # what every tokenizer case encodes
 
@@ -380,3 +383,98 @@ def mutate_tensor_table(data: bytes, table: TensorTable, kind: str, rng: random.
     struct.pack_into("<I", b, e.type_pos, ggml_type)
     return bytes(b), (f"'{e.name}' {GGMLQuantizationType(e.ggml_type).name} -> "
                       f"{GGMLQuantizationType(ggml_type).name}")
+
+
+# key-table: a user's table for gptconv.state_dict(source, KeyMap), GPT-2's HF rows (Map, Drop, Tied) mutated.
+# A row is a spec, (maker, args), built inside the case: building a bad one must fail as one line too.
+
+# kind → whether the table stays valid: a valid one must load and give the reference's tensors (renamed);
+# any other must end in a GptconvError (never a raw error, never a state dict with a tensor lost under a name)
+KEY_TABLE_KINDS = {"shuffle": True, "rename": True, "extra-tied": True,
+               "one-name-two-targets": False, "overlap": False, "field-one-side": False, "brace": False,
+               "second-name": False, "bad-target": False, "bad-source": False, "bad-row": False,
+               "tied-clash": False, "missing": False}
+KEY_TABLE_ORDER = sorted(KEY_TABLE_KINDS)
+Spec = tuple[str, list]  # (maker, its arguments): ("Map", [source, target, transform]), ("raw", [not a row])
+
+
+def table_specs(rules: list) -> list[Spec]:
+    """A table's rows as specs: ("Map", [source, target, transform]), ("Tied", [source, target]), ("Drop", [source])."""
+    return [("Map", [r.source, r.target, r.transform]) if r.kind == "map" else
+            ("Tied", [r.source, r.target]) if r.kind == "tied" else ("Drop", [r.source]) for r in rules]
+
+
+def build_table(specs: list[Spec] | None) -> Any:
+    """The KeyMap of ``specs`` (None: no rows at all), built as a user would: each row, then the table."""
+    from gptconv.convert.keymap import Drop, KeyMap, Map, Rule, Tied
+    makers = {"Map": Map, "Tied": Tied, "Drop": Drop, "Rule": Rule}
+    rows = None if specs is None else [args[0] if maker == "raw" else makers[maker](*args) for maker, args in specs]
+    return KeyMap("fuzz", rows)
+
+
+def hostile_table(specs: list[Spec], kind: str, n_layers: int,
+                  rng: random.Random) -> tuple[list[Spec] | None, Callable[[dict], dict] | None, str]:
+    """``specs`` mutated as ``kind`` says: (the specs, for a valid kind how the reference state dict's names
+    change (else None), a description)."""
+    specs = [(maker, list(args)) for maker, args in specs]
+    maps = [n for n, (maker, _) in enumerate(specs) if maker == "Map"]
+    layered = [n for n in maps if "{i}" in specs[n][1][0]]
+    literal = [n for n in maps if n not in layered]
+    n = rng.choice(maps)
+    source, target = specs[n][1][:2]
+    same = lambda names: names  # noqa: E731
+    if kind == "shuffle":
+        rng.shuffle(specs)
+        return specs, same, "rows in another order"
+    if kind == "rename":  # a name of the user's own, its layer kept
+        specs[n][1][0] = "fuzz." + source
+        pattern = re.compile(re.escape(source).replace(re.escape("{i}"), r"\d+"))
+        return specs, lambda names: {("fuzz." + k if pattern.fullmatch(k) else k): v for k, v in names.items()}, \
+            f"{source!r} as 'fuzz.{source}'"
+    if kind == "extra-tied":  # the embedding under one more name, as nanoGPT's lm_head
+        specs.append(("Tied", ["fuzz.head.weight", "tok_emb.weight"]))
+        return (specs, lambda names: {**names, "fuzz.head.weight": names["transformer.wte.weight"]},
+                "Tied('fuzz.head.weight')")
+    if kind == "one-name-two-targets":
+        other = rng.choice([m for m in maps if m != n])
+        specs[other][1][0] = source
+        return specs, None, f"{source!r} for {target!r} and {specs[other][1][1]!r}"
+    if kind == "overlap":  # a literal name that is also one layer's name of a templated row
+        m, o = rng.choice(literal), rng.choice(layered)
+        specs[m][1][0] = specs[o][1][0].replace("{i}", str(rng.randrange(n_layers)))
+        return specs, None, f"{specs[m][1][0]!r} for {specs[m][1][1]!r}"
+    if kind == "field-one-side":
+        side = rng.randrange(2)
+        name = specs[n][1][side]
+        specs[n][1][side] = name.replace("{i}", "0") if "{i}" in name else name.replace(".", ".{j}.", 1)
+        return specs, None, f"{name!r} as {specs[n][1][side]!r}"
+    if kind == "brace":
+        side = rng.randrange(2)
+        name = specs[n][1][side]
+        at = rng.randrange(len(name) + 1)
+        specs[n][1][side] = name[:at] + rng.choice(["{", "}", "{0}", "{}", "{i}", "{i:02d}", "{j}"]) + name[at:]
+        return specs, None, f"{name!r} as {specs[n][1][side]!r}"
+    if kind == "second-name":
+        specs.insert(rng.randrange(len(specs) + 1), ("Map", ["fuzz." + source, target]))
+        return specs, None, f"{target!r} also as 'fuzz.{source}'"
+    if kind == "bad-target":
+        specs[n][1][1] = rng.choice([None, 7, target + "x", target.rsplit(".", 1)[0] + ".scale", ""])
+        return specs, None, f"{target!r} as {specs[n][1][1]!r}"
+    if kind == "bad-source":
+        specs[n][1][0] = rng.choice([None, 7, source.encode(), ""])
+        return specs, None, f"{source!r} as {specs[n][1][0]!r}"
+    if kind == "bad-row":
+        what = rng.choice(["str", "int", "none", "tuple", "kind", "transform", "no-rows"])
+        if what == "no-rows":
+            return None, None, "rows None"
+        specs[n] = {"str": ("raw", [source]), "int": ("raw", [5]), "none": ("raw", [None]),
+                    "tuple": ("raw", [(source, target)]), "kind": ("Rule", [source, target, specs[n][1][2], "bogus"]),
+                    "transform": ("Map", [source, target, "transpose"])}[what]
+        return specs, None, f"{source!r}: {what}"
+    if kind == "tied-clash":  # a tied copy of the embedding under a name that holds another tensor
+        m = rng.choice([m for m in literal if specs[m][1][1] != "tok_emb.weight"])
+        specs.append(("Tied", [specs[m][1][0], "tok_emb.weight"]))
+        return specs, None, f"Tied({specs[m][1][0]!r}, 'tok_emb.weight')"
+    assert kind == "missing", kind
+    del specs[n]
+    return specs, None, f"no row for {target!r}"

@@ -158,7 +158,8 @@ def test_streamed_verify_counts_blocks(ckpts):
     report = gptconv.verify(ckpts["tiny"], length=16, blockwise=True, on_input=lambda done, total: seen.append((done, total)))
     assert report.passed
     n_inputs = len(report.inputs)
-    total = n_inputs * 2 * gptconv.open_source(ckpts["tiny"]).config.n_layers  # ours and the reference, each block
+    # ours, and the reference in float64 (the truth) and in our dtype: each block of each
+    total = n_inputs * 3 * gptconv.open_source(ckpts["tiny"]).config.n_layers
     assert seen == [(k, total) for k in range(1, total + 1)]
 
 

@@ -4,7 +4,9 @@ The cases (fuzz.py) are byte and value mutations of weights, GGUF files and conf
 FIFOs, links to /dev/zero or to nothing, or folders; JSON nested 200,000 deep or with 5,000-digit numbers;
 GGUF arrays with hostile counts; tokenizers whose regexes make the Rust library panic and chat templates
 that loop or allocate (those cases also encode, decode and render); GGUF tensor tables llama.cpp refuses
-(offsets near 2^64, overlapping or swapped offsets, relabelled types), which must end in our error.
+(offsets near 2^64, overlapping or swapped offsets, relabelled types), which must end in our error;
+users' key tables for state_dict, reordered or renamed (they must load, as the unmutated table does) or
+broken (they must be refused).
 
 CI runs FUZZ_CASES (300); set GPTCONV_FUZZ_CASES for more, e.g. GPTCONV_FUZZ_CASES=5000 make test.
 """

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import gptconv
+from gptconv.convert.keymap import KeyMap, Map, Rule, Stacked, Tied
 from gptconv.models import build
 from gptconv.parity import FP32
 from gptconv.writers import export
@@ -144,3 +145,72 @@ def test_a_tied_row_adds_nothing_to_an_untied_model(llamas):
     extra = KeyMap("x", [*meta_llama.META.rules, Tied("head_copy.weight", "tok_emb.weight")])
     assert "head_copy.weight" not in gptconv.state_dict(llamas["llama3-gqa"], layout=extra)
     assert "head_copy.weight" in gptconv.state_dict(llamas["tied"], layout=extra)
+
+
+
+def nanogpt_with(replace: dict[str, Rule] | None = None, add: list[Rule] | None = None):
+    """NANOGPT's rows, with those whose source is a key of ``replace`` put as its value, and ``add`` after."""
+    rows = [(replace or {}).get(r.source, r) for r in nanogpt.NANOGPT.rules]
+    return KeyMap("mine", [*rows, *(add or [])])
+
+
+# A user's table that does not fit: one line naming the row (and the name, and its two tensors), where
+# state_dict returned a dict that kept the last tensor under a name given two, or left a row unused, or
+# failed with a raw AttributeError. Each is built inside the case: KeyMap and the rows check what they can.
+UNFIT_TABLES = {
+    # one name for two of our tensors: a strict load_state_dict then took wrong weights without a word
+    "one template for norm1 and norm2": (
+        lambda: nanogpt_with({"transformer.h.{i}.ln_2.weight": Map("transformer.h.{i}.ln_1.weight",
+                                                                   "blocks.{i}.norm2.weight")}),
+        "key map mine: 'transformer.h.{i}.ln_1.weight' is given two targets, 'blocks.{i}.norm1.weight' and "
+        "'blocks.{i}.norm2.weight': one name holds one tensor"),
+    "one literal name for two targets": (
+        lambda: nanogpt_with({"transformer.ln_f.bias": Map("transformer.ln_f.weight", "norm_f.bias")}),
+        "key map mine: 'transformer.ln_f.weight' is given two targets, 'norm_f.weight' and 'norm_f.bias': "
+        "one name holds one tensor"),
+    "no layer in the name of a layer's tensor": (
+        lambda: nanogpt_with({"transformer.h.{i}.ln_1.weight": Map("transformer.ln_1.weight",
+                                                                   "blocks.{i}.norm1.weight")}),
+        "key map row Map('transformer.ln_1.weight', 'blocks.{i}.norm1.weight'): '{i}' is in the target only: "
+        "a field must be in both names, to say which tensor of one is which of the other"),
+    "rows that differ but write one name": (  # only the model's layers show it: h.0 is a layer's and ln_f's
+        lambda: nanogpt_with({"transformer.ln_f.weight": Map("transformer.h.0.ln_1.weight", "norm_f.weight")}),
+        "key map mine: 'transformer.h.0.ln_1.weight' is given two targets, 'blocks.0.norm1.weight' and "
+        "'norm_f.weight' (rows Map('transformer.h.{i}.ln_1.weight', 'blocks.{i}.norm1.weight') and "
+        "Map('transformer.h.0.ln_1.weight', 'norm_f.weight')): one name holds one tensor"),
+    "a tied copy under another tensor's name": (
+        lambda: nanogpt_with(add=[Tied("transformer.wpe.weight", "tok_emb.weight")]),
+        "key map mine: 'transformer.wpe.weight' is given two targets, 'pos_emb.weight' and 'tok_emb.weight' "
+        "(row Tied('transformer.wpe.weight', 'tok_emb.weight')): one name holds one tensor"),
+    # rows that do not fit the model
+    "a second name for one target": (
+        lambda: nanogpt_with(add=[Map("transformer.ln_final.weight", "norm_f.weight")]),
+        "key map mine: our 'norm_f.weight' is given two names, 'transformer.ln_f.weight' and "
+        "'transformer.ln_final.weight' (rows Map('transformer.ln_f.weight', 'norm_f.weight') and "
+        "Map('transformer.ln_final.weight', 'norm_f.weight')): a second name for one tensor is a Tied row"),
+    "a target the model does not have": (
+        lambda: nanogpt_with(add=[Map("transformer.h.{i}.ln_3.weight", "blocks.{i}.norm3.weight")]),
+        "key map mine: row Map('transformer.h.{i}.ln_3.weight', 'blocks.{i}.norm3.weight'): the model has no "
+        "parameter 'blocks.{i}.norm3.weight'"),
+    "a tied copy of a target the model does not have": (
+        lambda: nanogpt_with(add=[Tied("head.weight", "tok_embedding.weight")]),
+        "key map mine: row Tied('head.weight', 'tok_embedding.weight'): the model has no parameter "
+        "'tok_embedding.weight'"),
+    "a part count the config cannot give": (
+        lambda: nanogpt_with(add=[Stacked("transformer.h.{i}.experts", "blocks.{i}.mlp.experts.{j}.fc.weight",
+                                          lambda c: c.n_experts)]),
+        "key map mine: row Stacked('transformer.h.{i}.experts') cannot list its targets for this model: "
+        "AttributeError: 'GPT2Config' object has no attribute 'n_experts'"),
+    "the rows without their KeyMap": (
+        lambda: list(nanogpt.NANOGPT.rules),
+        "layout is a list: choose gptconv or hf, or give a KeyMap (KeyMap(name, rows) for a list of rows)"),
+}
+
+
+@pytest.mark.parametrize("case", UNFIT_TABLES)
+def test_a_table_that_does_not_fit_is_one_line_naming_its_row(ckpts, case):
+    make_table, message = UNFIT_TABLES[case]
+    with pytest.raises(gptconv.GptconvError) as e:
+        gptconv.state_dict(ckpts["tiny"], layout=make_table())
+    assert str(e.value) == message
+

@@ -16,7 +16,8 @@ Usage::
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator, Mapping
+import reprlib
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cache, cached_property
 from typing import Any, NamedTuple
@@ -96,10 +97,94 @@ class Rule:
     pattern: re.Pattern = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        # Checked as it is written, ours and a user's alike: a bad row is one line naming it here, not a
+        # KeyError, re.error or AttributeError from deep in the engine when a checkpoint meets it.
+        if problem := self._problem():
+            raise GptconvError(f"key map row {self}: {problem}")
         object.__setattr__(self, "pattern", _compile(self.source))
 
     def targets(self, ctx: Any) -> list[str]:
         return self.parts(ctx) if self.kind == "fused" else [self.target]
+
+    def __str__(self) -> str:
+        """The row as a table writes it, for errors: ``Map('h.{i}.ln_1.weight', 'blocks.{i}.norm1.weight')``."""
+        maker = _MAKERS.get(self.kind) if isinstance(self.kind, str) else None
+        if maker is None:
+            return f"Rule({self.source!r}, {self.target!r}, kind={self.kind!r})"
+        args = [repr(self.source)]
+        if self.kind in ("map", "tied") or self.target is not None:
+            args.append(repr(self.target))
+        if self.kind == "map" and self.transform is not IDENTITY:
+            args.append(getattr(self.transform, "name", None) or repr(self.transform))
+        if self.kind == "fused" and self.fuse is STACK:
+            maker = "Stacked"
+        elif self.kind == "fused":
+            args.append(getattr(self.fuse, "name", None) or repr(self.fuse))
+        return f"{maker}({', '.join(args)})"
+
+    def _problem(self) -> str | None:
+        """What is wrong with this row on its own, if anything (checks across rows: KeyMap)."""
+        if not isinstance(self.kind, str) or self.kind not in _MAKERS:
+            return f"kind {self.kind!r} is none of {', '.join(_MAKERS)}"
+        if not isinstance(self.source, str):
+            return f"the source must be a str, not {type(self.source).__name__}"
+        if problem := _template_problem(self.source):
+            return f"the source {problem}"
+        if self.kind == "map" and not isinstance(self.transform, Transform):
+            return f"the transform must be a Transform (such as TRANSPOSE), not {type(self.transform).__name__}"
+        if self.kind in ("map", "tied"):
+            return _pair_problem(self.source, self.target)
+        if self.target is not None:
+            return f"a {_MAKERS[self.kind]} row has no target (it names {self.target!r})"
+        if self.kind == "fused" and not (isinstance(self.fuse, Fuse) and callable(self.parts)):
+            return "a fused row needs a Fuse and its parts: write it with Fused or Stacked"
+        return None
+
+
+_MAKERS = {"map": "Map", "drop": "Drop", "tied": "Tied", "fused": "Fused"}  # kind → the function that writes it
+_FIELD = re.compile(r"\{([A-Za-z_]\w*)\}")  # {i}: the layer; {j}: an expert
+
+
+def _template_problem(template: str) -> str | None:
+    """What keeps ``template`` from being read alike by ``_compile`` (a regex, a group per field) and by
+    ``str.format`` (the name it writes), if anything: an empty name, a brace that is no field ({0}, a
+    lone '{'), a field twice."""
+    if not template:
+        return "is empty"
+    if stray := re.search(r"\{[^{}]*\}|[{}]", _FIELD.sub("", template)):
+        return (f"has '{stray.group()}', which is not a field: a field is a name in braces, {{i}} for the layer"
+                if len(stray.group()) > 1 else f"has a '{stray.group()}' that opens or closes no field")
+    fields = _FIELD.findall(template)
+    if twice := next((f for f in fields if fields.count(f) > 1), None):
+        return f"has '{{{twice}}}' twice"
+    return None
+
+
+def _fields(template: str) -> set[str]:
+    return set(_FIELD.findall(template))
+
+
+def _pair_problem(source: str, target: object, numbered: str | None = None) -> str | None:
+    """What is wrong with ``target`` as a target of ``source`` (a valid template), if anything. Both must
+    have the same fields: a field only in the source gives many source tensors one target, one only in the
+    target many targets one source name (every layer's norm under 'ln.weight'), and neither name can be
+    written from the other (a KeyError from str.format). ``numbered``: a field of the target that the row
+    writes out itself (Stacked's ``{j}``, one part each), which it must have."""
+    if not isinstance(target, str):
+        return f"the target must be a str (one of our parameter names), not {type(target).__name__}"
+    if problem := _template_problem(target):
+        return f"the target {problem}"
+    fields = _fields(target)
+    if numbered is not None:
+        if numbered not in fields:
+            return f"the target has no '{{{numbered}}}' to number its parts"
+        fields.discard(numbered)
+    one_side = [(f"'{{{f}}}' is in the {side} only") for side, fs in
+                (("source", _fields(source) - fields), ("target", fields - _fields(source))) for f in sorted(fs)]
+    if one_side:
+        return (f"{' and '.join(one_side)}: a field must be in both names, to say which tensor of one is which "
+                f"of the other")
+    return None
 
 
 def Map(source: str, target: str, transform: Transform = IDENTITY) -> Rule:
@@ -116,14 +201,27 @@ def Tied(source: str, target: str) -> Rule:
 
 def Fused(source: str, targets: list[str], fuse: Fuse) -> Rule:
     """One source tensor, several of our parameters (``targets`` in the order ``fuse`` splits)."""
-    return Rule(source, kind="fused", fuse=fuse, parts=lambda ctx: list(targets))
+    rule = Rule(source, kind="fused", fuse=fuse, parts=lambda ctx: list(targets))
+    if not isinstance(targets, (list, tuple)) or not targets:  # a str would be split into letters
+        raise GptconvError(f"key map row {rule}: its targets must be a list of our parameter names, "
+                           f"not {reprlib.repr(targets)}")
+    for n, target in enumerate(targets):
+        if problem := _pair_problem(source, target) or (target in targets[:n] and "it is listed twice"):
+            raise GptconvError(f"key map row {rule}, target {target!r}: {problem}")
+    return rule
 
 
 def Stacked(source: str, target: str, count: Callable[[Any], int]) -> Rule:
     """``count(ctx)`` of our parameters stacked along a new first dimension; ``target`` names
     the part with ``{j}`` (GGUF's ``ffn_gate_exps``: one tensor for every expert of a layer)."""
-    return Rule(source, kind="fused", fuse=STACK,
+    rule = Rule(source, kind="fused", fuse=STACK,
                 parts=lambda ctx: [target.replace("{j}", str(j)) for j in range(count(ctx))])
+    problem = _pair_problem(source, target, numbered="j")
+    if problem is None and not callable(count):
+        problem = f"its count must be a function of the config, not {type(count).__name__}"
+    if problem:
+        raise GptconvError(f"key map row {rule}, target {target!r}: {problem}")
+    return rule
 
 
 class Inverse(NamedTuple):
@@ -208,9 +306,31 @@ def _part(fuse: Fuse, k: int) -> Transform:
 
 
 class KeyMap:
-    def __init__(self, name: str, rules: list[Rule], legacy_prefix: str | None = None) -> None:
+    def __init__(self, name: str, rules: Iterable[Rule], legacy_prefix: str | None = None) -> None:
         """``legacy_prefix``: a prefix some checkpoints of this family leave off every key
-        (GPT-2's original files say ``h.0.attn.c_attn.weight`` for ``transformer.h.0…``)."""
+        (GPT-2's original files say ``h.0.attn.c_attn.weight`` for ``transformer.h.0…``).
+
+        The rows are checked together here, as each was on its own when written: one source name, one
+        tensor (a Tied row may repeat a Map row's name: the same tensor under a second name)."""
+        if not isinstance(name, str):
+            raise GptconvError(f"key map {reprlib.repr(name)}: its name must be a str, not {type(name).__name__}")
+        if not isinstance(rules, Iterable) or isinstance(rules, (str, bytes, Mapping)):
+            raise GptconvError(f"key map {name}: its rows must be a list of Map, Tied, Drop, Fused or Stacked "
+                               f"rows, not {type(rules).__name__}")
+        rules = list(rules)
+        for n, rule in enumerate(rules, 1):
+            if not isinstance(rule, Rule):
+                raise GptconvError(f"key map {name}: row {n} is {reprlib.repr(rule)}, not a row: write "
+                                   f"Map(source, target), Tied, Drop, Fused or Stacked")
+        if legacy_prefix is not None and not isinstance(legacy_prefix, str):
+            raise GptconvError(f"key map {name}: legacy_prefix must be a str, not {type(legacy_prefix).__name__}")
+        filling: dict[str, Rule] = {}
+        for rule in rules:
+            if rule.kind not in ("map", "fused"):
+                continue
+            if (first := filling.setdefault(rule.source, rule)) is not rule:
+                raise GptconvError(f"key map {name}: '{rule.source}' is given two targets, {_targets_of(first)} "
+                                   f"and {_targets_of(rule)}: one name holds one tensor")
         self.name = name
         self.rules = rules
         self.legacy_prefix = legacy_prefix
@@ -237,8 +357,11 @@ class KeyMap:
 
     def inverse(self, targets: list[str], ctx: Any) -> list[Inverse]:
         """Our parameters grouped as this format stores them, in the order of their first part:
-        each source tensor's name, the parameters it holds, and how to join them back."""
+        each source tensor's name, the parameters it holds, and how to join them back. Two tensors
+        under one name are an error (rows whose names overlap, ``h.{i}.ln`` and ``h.0.ln``): a dict
+        or a file would keep one and lose the other without a word."""
         out, done = [], set()
+        named: dict[str, tuple[tuple[str, ...], Rule]] = {}
         for target in targets:
             if target in done:
                 continue
@@ -248,12 +371,54 @@ class KeyMap:
                 join = rule.fuse.join
             else:
                 parts, join = (target,), (lambda ts, c, t=rule.transform: t.inverse(ts[0], c))
+            name = rule.source.format(**groups)
             missing = [p for p in parts if p not in targets]
             if missing:
-                raise GptconvError(f"key map {self.name}: '{rule.source.format(**groups)}' needs {missing}")
+                raise GptconvError(f"key map {self.name}: '{name}' needs {missing}")
+            if name in named:
+                first, by = named[name]
+                rows = f"row {rule}" if by is rule else f"rows {by} and {rule}"
+                raise GptconvError(f"key map {self.name}: '{name}' is given two targets, {_few_names(first)} and "
+                                   f"{_few_names(parts)} ({rows}): one name holds one tensor")
+            named[name] = (parts, rule)
             done.update(parts)
-            out.append(Inverse(rule.source.format(**groups), parts, join))
+            out.append(Inverse(name, parts, join))
         return out
+
+    def check_layout(self, targets: Collection[str], inert: Collection[str], ctx: Any) -> None:
+        """This table read backwards as the names of someone's module (``state_dict(source, KeyMap)``):
+        every row's targets are the model's parameters, and each of ``targets`` (the parameters to fill)
+        has one row giving it a name. ``inert``: names a row may target that this model lacks (our head
+        when it is the embedding: a table written for tied and untied checkpoints keeps its head row).
+
+        Only for users' tables: ours may read two layouts of one tensor (Mixtral's experts, fused or
+        not), and name it, for export, by their first row."""
+        fills: dict[str, list[tuple[Rule, str]]] = {t: [] for t in targets}
+        for rule in self.rules:
+            if rule.kind == "drop":
+                continue
+            try:
+                templates = list(rule.targets(ctx))
+            except Exception as e:  # noqa: BLE001 - a user's part count or parts, run on this config
+                raise GptconvError(f"key map {self.name}: row {rule} cannot list its targets for this model: "
+                                   f"{type(e).__name__}: {e}") from None
+            for template in templates:
+                if problem := _pair_problem(rule.source, template):  # Fused's parts were checked; a Rule's not
+                    raise GptconvError(f"key map {self.name}: row {rule}, target {template!r}: {problem}")
+                pattern = _compile(template)
+                hits = [t for t in fills if pattern.fullmatch(t)]
+                if not hits and not any(pattern.fullmatch(t) for t in inert):
+                    raise GptconvError(f"key map {self.name}: row {rule}: the model has no parameter '{template}'")
+                if rule.kind != "tied":  # a Tied row is a second name for its target, on purpose
+                    for t in hits:
+                        fills[t].append((rule, template))
+        for target, rows in fills.items():
+            if len(rows) > 1:
+                (a, ta), (b, tb) = rows[:2]
+                names = [r.source.format(**_compile(t).fullmatch(target).groupdict()) for r, t in ((a, ta), (b, tb))]
+                rows_text = f"row {a}" if a is b else f"rows {a} and {b}"  # a fused row listing a part twice
+                raise GptconvError(f"key map {self.name}: our '{target}' is given two names, '{names[0]}' and "
+                                   f"'{names[1]}' ({rows_text}): a second name for one tensor is a Tied row")
 
     def plan(
         self,
@@ -327,6 +492,15 @@ class KeyMap:
             return sources, "standard"
         renamed = {k if self.match(k) else p + k: v for k, v in sources.items()}
         return renamed, f"legacy (no '{p}' prefix)"
+
+
+def _targets_of(rule: Rule) -> str:
+    """A row's targets, for errors: a Map's one, or the Fused row itself (its parts depend on the config)."""
+    return f"'{rule.target}'" if rule.kind == "map" else f"those of {rule}"
+
+
+def _few_names(names: tuple[str, ...]) -> str:
+    return " + ".join(f"'{n}'" for n in names[:3]) + (f" (+{len(names) - 3} more)" if len(names) > 3 else "")
 
 
 def _few(items: list[str], n: int = 4) -> str:
