@@ -51,3 +51,28 @@ def test_splits_that_reach_past_the_margin_fall_back_to_one_call(monkeypatch):
     monkeypatch.setattr(tok, "encode", lambda t, *a, **k: calls.append(len(t)) or encode(t, *a, **k))
     assert tok.encode_long(text).tolist() == encode(text)
     assert len(text) in calls  # it did fall back
+
+
+def _peak_rss_tokenizing(text_file: Path, tokenizer: Path) -> int:
+    """Peak RSS (bytes) of a process that imports gptconv and tokenizes ``text_file`` with encode_long."""
+    import subprocess
+    import sys
+    code = ("import resource, sys, gptconv; from pathlib import Path; tok = gptconv.load_tokenizer(sys.argv[1]); "
+            "ids = tok.encode_long(Path(sys.argv[2]).read_text(encoding='utf-8')); "
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")  # KiB on Linux
+    r = subprocess.run([sys.executable, "-c", code, str(tokenizer), str(text_file)], capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return int(r.stdout.split()[-1]) * 1024
+
+
+def test_a_long_text_takes_memory_of_its_own_size(tmp_path, smollm2):
+    """perplexity's tokenization of 8 MB of text: one call took ~2 GB (250× the text); in pieces, the
+    process grows by a few times the text over importing gptconv and tokenizing 100 kB."""
+    small, large = tmp_path / "small.txt", tmp_path / "large.txt"
+    small.write_text(ALICE * 4, encoding="utf-8")
+    large.write_text((ALICE * (8_000_000 // len(ALICE) + 1))[:8_000_000], encoding="utf-8")
+    base = _peak_rss_tokenizing(small, smollm2)
+    grown = _peak_rss_tokenizing(large, smollm2) - base
+    print(f"\ntokenizing 8 MB: {grown / 1e6:.0f} MB over a 100 kB text ({grown / 8e6:.1f}× the text)")
+    assert grown < 10 * 8_000_000

@@ -83,3 +83,13 @@ def test_qwen_layer_types_are_checked(llamas, tmp_path, types, said):
         r = run_cli(*command)
         assert r.returncode == 2 and said in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert not (tmp_path / "o.gguf").exists()
+
+
+def test_gemma3_with_no_layers_says_so(tmp_path):
+    from fixtures import make_gemma3
+    folder = make_gemma3(tmp_path / "g")
+    config = json.loads((folder / "config.json").read_text())
+    config["num_hidden_layers"] = 0
+    (folder / "config.json").write_text(json.dumps(config))
+    r = run_cli("trace", folder, "--ids", "1,2")
+    assert r.returncode == 2 and "'num_hidden_layers' is 0; it must be at least 1" in r.stderr, r.stderr

@@ -35,6 +35,8 @@ def gemma3_config_from_hf(data: dict[str, Any], origin: object) -> Gemma3Config:
     f.refuse("attention_bias", True, "biases on q, k, v and the output")
     f.refuse("tie_word_embeddings", False, "an LM head untied from the embedding")
     n_layers = f.int("num_hidden_layers")
+    if n_layers <= 0:  # said before layer_types, which are counted by it
+        raise f.error(f"field 'num_hidden_layers' is {n_layers}; it must be at least 1")
     layer_types = _layer_types(f, n_layers)
     if "sliding_window" in data and data["sliding_window"] is None and SLIDING in layer_types:
         raise f.error("'sliding_window' is null but some layers are sliding_attention (no window is not supported)")
