@@ -28,12 +28,14 @@ class Terminated(BaseException):
     """SIGTERM while an output was being written (raised in the main thread, so its cleanup runs)."""
 
 
-def check_output(out: Path, force: bool, kind: str = "file", keep: tuple[Path, ...] = ()) -> Path:
+def check_output(out: Path, force: bool, kind: str = "file", keep: tuple[Path, ...] = (),
+                 writes: Callable[[str], bool] | None = None) -> Path:
     """``out`` as an absolute path if an output of ``kind`` ("file" or "folder") may be written there:
     a real name in an existing folder, and nothing there (a dangling link counts) unless ``force``;
     with ``force``, only a regular file (or a link to one, or to nothing: the link is replaced) for a
     file, only a folder for a folder, that is not, and does not hold, the working folder or one of
-    ``keep`` (the source), and a folder only if it holds nothing but what an export writes."""
+    ``keep`` (the source), and a folder only if it holds nothing but the names ``writes`` accepts (what
+    the folder's writer puts there)."""
     out = Path(out)
     if out.name in ("", ".", ".."):
         raise where(out, "is not a name an output can be written under")
@@ -53,7 +55,9 @@ def check_output(out: Path, force: bool, kind: str = "file", keep: tuple[Path, .
         if inside == real or real in inside.parents:
             raise where(out, f"{'is' if inside == real else 'holds'} {what} ({inside}); --force will not replace it")
     if kind == "folder":
-        _check_export_folder(out)
+        if writes is None:
+            raise TypeError("check_output: a folder output needs writes, the names its writer puts there")
+        _check_export_folder(out, writes)
     return out
 
 
@@ -89,11 +93,10 @@ def _kind(mode: int) -> str:
     return next((name for test, name in SPECIAL if test(mode)), "a special file")
 
 
-def _check_export_folder(folder: Path) -> None:
+def _check_export_folder(folder: Path, written_by_export: Callable[[str], bool]) -> None:
     """Refuse a folder that holds anything an export does not write (a fine-tune's output folder holds
     its optimizer state and notes beside config.json): replacing it would delete them. What would be
     lost is named: the first few, and how many."""
-    from .writers.hf_folder import written_by_export  # the writer knows its own file names
     with os.scandir(folder) as found:
         entries = sorted(found, key=lambda e: e.name)
     if not entries:
@@ -111,7 +114,8 @@ def _check_export_folder(folder: Path) -> None:
 
 
 @contextlib.contextmanager
-def atomic_output(out: Path, force: bool, kind: str = "file", keep: tuple[Path, ...] = ()) -> Iterator[Path]:
+def atomic_output(out: Path, force: bool, kind: str = "file", keep: tuple[Path, ...] = (),
+                  writes: Callable[[str], bool] | None = None) -> Iterator[Path]:
     """Yield a hidden temporary path beside ``out`` to write the output into (see check_output).
 
     On success it takes ``out``'s place in one rename that refuses to replace anything it did not
@@ -119,7 +123,7 @@ def atomic_output(out: Path, force: bool, kind: str = "file", keep: tuple[Path, 
     ``force`` only what was there at the start is replaced. On failure, SIGINT or SIGTERM the
     temporary output is removed.
     """
-    out = check_output(out, force, kind, keep)
+    out = check_output(out, force, kind, keep, writes)
     was = _identity(out)
     _remove_stale_partials(out)
     tmp = out.with_name(f".{out.name}.partial-{os.getpid()}")

@@ -21,7 +21,7 @@ from ..loader import open_source
 from ..output import atomic_output, check_output
 from ..tokenizer import load_tokenizer
 from .gguf_file import tensor_types, type_choices, write_gguf
-from .hf_folder import write_hf_folder
+from .hf_folder import write_hf_folder, written_by_export
 from .tensors import (DTYPE_SYNONYMS, EXPORT_DTYPES, LLAMA_QUANTS, ExportedFile, ExportSummary, Narrowing,
                       TensorChoice, Weights)
 
@@ -48,7 +48,8 @@ def export(source: str | Path, out: str | Path, format: str = "safetensors", dty
         raise GptconvError(f"max_shard_bytes {max_shard_bytes}: must be positive")
     out = Path(out)
     kind = "folder" if format == "safetensors" else "file"
-    check_output(out, force, kind)  # before loading anything
+    writes = written_by_export if kind == "folder" else None  # the writer knows its own file names
+    check_output(out, force, kind, writes=writes)  # before loading anything
     src = open_source(source, revision, backend="per-tensor")  # each tensor mapped on its own, unmapped when freed
     weights = Weights.of(src)
     weights.on_tensor = on_tensor
@@ -59,7 +60,7 @@ def export(source: str | Path, out: str | Path, format: str = "safetensors", dty
         except NoTokenizer:  # none at all: an HF folder goes without; a GGUF file cannot (below)
             pass
     narrow = Narrowing(src.path, clamp)
-    with atomic_output(out, force, kind, keep=(src.path,)) as tmp, _threads_but_one():
+    with atomic_output(out, force, kind, keep=(src.path,), writes=writes) as tmp, _threads_but_one():
         if format == "safetensors":
             files = write_hf_folder(weights, src, tokenizer, tmp, EXPORT_DTYPES[dtype], max_shard_bytes, narrow)
         else:
