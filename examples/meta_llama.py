@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 import gptconv
 from gptconv.convert.keymap import KeyMap, Map, Tied
-from gptconv.convert.llama import PERMUTE_K, PERMUTE_Q
+from gptconv.convert.gguf_decoder import PERMUTE_K, PERMUTE_Q
 
 META = KeyMap("Meta Llama", [
     Map("tok_embeddings.weight", "tok_emb.weight"),

@@ -16,11 +16,13 @@ import torch
 from .decoding import check_options, generate_batch, generate_tokens
 from .devices import parse_device
 from .errors import GptconvError, NoTokenizer, where
+from .families import family_of
+from .layers.kv_cache import cache_window
 from .loader import Source, load_source, open_source, parse_dtype
 from .output import check_output
 from .parity import TRUTH, Report, compare, parity_inputs
 from .perplexity import Perplexity, check_windows, measure, summarize
-from .reference import REFERENCE_TAPS, gguf_config_disagreements, reference_steps, transformers_model
+from .reference import gguf_config_disagreements, reference_steps, transformers_model
 from .reference_file import check_against, read_reference, save_reference
 from .results import Result
 from .sources.files import JSON_LIMIT, read_text
@@ -238,7 +240,7 @@ def verify(source: str | Path, dtype: str = "float32", length: int | None = None
             raise GptconvError("verify --against llama.cpp runs in float32 (llama.cpp has no float16 / bfloat16 "
                                "model to compare with ours); verify --dtype float16 / bfloat16 against transformers")
         from .llamacpp import verify_gguf
-        window = src.config.sliding_window if src.arch == "llama" else None
+        window = cache_window(src.config)  # a window on every layer, which llama.cpp does not apply
         asked = length
         if window is not None and length is None:
             length = min(window, _length(src, None))  # llama.cpp attends past the window: compare within it
@@ -274,11 +276,11 @@ def verify(source: str | Path, dtype: str = "float32", length: int | None = None
     hf = place(transformers_model(src, dt, blockwise=blockwise))
     inputs = _inputs(src, length, seed)
     if blockwise:  # an input takes long: count blocks
-        _count_blocks([(model, "blocks.{i}"), *((m, REFERENCE_TAPS[src.arch]["block.{i}"]) for m in (truth, hf))],
+        _count_blocks([(model, "blocks.{i}"), *((m, family_of(src.config).hf_steps["block.{i}"]) for m in (truth, hf))],
                       src.config.n_layers, len(inputs), on_input)
         on_input = lambda done, total: None  # noqa: E731
     import transformers
-    run = lambda m: lambda n, ids: reference_steps(m, src.arch, src.config.n_layers, ids)  # noqa: E731
+    run = lambda m: lambda n, ids: reference_steps(m, family_of(src.config).hf_steps, src.config.n_layers, ids)  # noqa: E731
     report = compare(model, inputs, run(truth), source,
                      f"transformers {transformers.__version__} (fp64 and {name}, eager{', blockwise' if blockwise else ''})",
                      run(hf), on_input=on_input)
@@ -334,7 +336,7 @@ def record_reference(source: str, out: Path, length: int | None = None, seed: in
     runs = {}
     for dt in dict.fromkeys([TRUTH, torch.float32, parse_dtype(dtype)]):
         hf = transformers_model(src, dt)
-        runs[str(dt).removeprefix("torch.")] = {name: reference_steps(hf, src.arch, src.config.n_layers, ids)
+        runs[str(dt).removeprefix("torch.")] = {name: reference_steps(hf, family_of(src.config).hf_steps, src.config.n_layers, ids)
                                                 for name, ids in inputs.items()}
         del hf
     save_reference(Path(out), runs, inputs, {"arch": src.arch, "source": str(source),

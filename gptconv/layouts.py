@@ -17,9 +17,9 @@ from pathlib import Path
 
 import torch
 
-from .convert import hf_family
 from .convert.keymap import KeyMap
 from .errors import GptconvError
+from .families import family_of
 from .loader import load_source, open_source, parse_dtype
 from .writers.tensors import Weights
 
@@ -41,8 +41,8 @@ def state_dict(source: str | Path, layout: str | KeyMap = "gptconv", dtype: str 
     if layout == "gptconv":
         return load_source(src, dt).state_dict()
     if layout == "hf":  # the names transformers' model holds (Mixtral's experts fused, as transformers 5 has them)
-        family = hf_family(src.config)
-        keymap = (family.module_keymap or family.keymap)(src.config)
+        family = family_of(src.config)
+        keymap = (family.hf_module_keymap or family.hf_keymap)(src.config)
     else:
         keymap = layout
     weights = Weights.of(src)

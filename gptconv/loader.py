@@ -14,7 +14,8 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from .convert import GGUF_ARCHS, HF_FAMILIES, KeyMap, Plan, TensorInfo, model_shapes
+from .convert import KeyMap, Plan, TensorInfo, model_shapes
+from .families import for_gguf, for_hf
 from .sources.hf_folder import open_hf_folder
 from .sources.gguf_file import GGUFFile, open_gguf
 from .sources.hub import fetch, repo_id_for
@@ -84,21 +85,15 @@ def open_source(source: str | Path, revision: str | None = None, prefer_cache: b
             raise GptconvError(f"{path}: a single file loads only as .gguf; for HF weights give the folder "
                                "with config.json")
         g = open_gguf(path)
-        if g.fields.arch not in GGUF_ARCHS:
-            raise GptconvError(f"{path}: GGUF architecture '{g.fields.arch}' is not supported "
-                               f"(supported: {', '.join(GGUF_ARCHS)})")
-        config_from_gguf, keymap = GGUF_ARCHS[g.fields.arch]
-        config = config_from_gguf(g.fields, g.tensors)
-        return Source(str(source), path, repo_id, "gguf", config, keymap(config), g.tensors, [path], g.stored_types,
-                      gguf=g)
+        family = for_gguf(g.fields)
+        config = family.config_from_gguf(g.fields, g.tensors)
+        return Source(str(source), path, repo_id, "gguf", config, family.gguf_keymap(config), g.tensors, [path],
+                      g.stored_types, gguf=g)
     ckpt = open_hf_folder(path, backend)
-    family = HF_FAMILIES.get(ckpt.model_type)
-    if family is None:
-        raise GptconvError(f"{path / 'config.json'}: model_type '{ckpt.model_type}' is not supported "
-                           f"(supported: {', '.join(HF_FAMILIES)})")
+    family = for_hf(ckpt.model_type, path / "config.json")
     config = family.config_from_hf(ckpt.config, path / "config.json")
     stored = {k: str(t.dtype).removeprefix("torch.") for k, t in ckpt.tensors.items()}
-    return Source(str(source), path, repo_id, "hf", config, family.keymap(config), ckpt.tensors,
+    return Source(str(source), path, repo_id, "hf", config, family.hf_keymap(config), ckpt.tensors,
                   ckpt.weight_files, stored, hf_config=ckpt.config)
 
 

@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 
 from .errors import GptconvError
-from .models.linear import one_row_product
+from .layers.linear import one_row_product
 from .results import Result
 
 

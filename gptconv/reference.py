@@ -4,7 +4,7 @@ Three ways to build it, from the cheapest in memory: given the checkpoint's own 
 transformers' names (an HF folder), from its GGUF loader with our parsed config (a GGUF file), or
 from_pretrained (anything else); ``reference_file.py`` records its outputs for a later verify.
 
-Step names are ours (see the model's taps); ``REFERENCE_TAPS`` says which transformers module
+Step names are ours (see the model's taps); each family's ``hf_steps`` says which transformers module
 computes the same step, so the two can be compared step by step, not only at the logits.
 """
 
@@ -19,20 +19,8 @@ import torch
 import torch.nn as nn
 
 from .errors import GptconvError, where
+from .families import family_of
 from .blockwise import fill_blockwise
-
-# our step name → transformers module whose output is that step ({i}: the layer)
-REFERENCE_TAPS: dict[str, dict[str, str]] = {
-    "gpt2": {"embedding_dropout": "transformer.drop", "block.{i}": "transformer.h.{i}",
-             "final_norm": "transformer.ln_f"},
-    "llama": {"token_embedding": "model.embed_tokens", "block.{i}": "model.layers.{i}", "final_norm": "model.norm"},
-    # Gemma3TextScaledWordEmbedding's output is already × √d, as our token_embedding step is
-    "gemma3": {"token_embedding": "model.embed_tokens", "block.{i}.q_norm": "model.layers.{i}.self_attn.q_norm",
-               "block.{i}.k_norm": "model.layers.{i}.self_attn.k_norm",
-               "block.{i}.post_attention_norm": "model.layers.{i}.post_attention_layernorm",
-               "block.{i}.post_feedforward_norm": "model.layers.{i}.post_feedforward_layernorm",
-               "block.{i}": "model.layers.{i}", "final_norm": "model.norm"},
-}
 
 # transformers' plain PyTorch code, in every dtype: eager attention, and experts run one by one (its
 # default grouped_mm has no float64 kernel, and the truth must run the same algorithm as the reference)
@@ -93,18 +81,19 @@ def gguf_transformers_model(src, dtype: torch.dtype = torch.float32) -> nn.Modul
     loader, its configuration the one the file encodes as we parsed it. transformers' GGUF loader
     builds its config from a few metadata keys and ignores the rest (a ``rope_freqs`` tensor gives
     ``rope_type: default``), so a correct Llama 3.1 file would fail against it."""
-    from .convert import hf_family
     transformers = _transformers()
+    family = family_of(src.config)
     try:
-        data = hf_family(src.config).config_to_hf(src.config)
+        data = family.config_to_hf(src.config)
     except ValueError as e:
         raise where(src.path, f"transformers cannot represent this model ({e}); "
                               "verify it with --against llama.cpp") from None
     config = transformers.AutoConfig.for_model(**data)
     try:
-        if data["model_type"] == "mistral":  # GGUF's llama: transformers reads it as Llama, Mistral's names alike
+        if family.transformers_reads_gguf_as is not None:  # as another model_type, whose names are the family's
+            model_type, hf_class = family.transformers_reads_gguf_as
             llama = load_transformers_model(src.path, dtype, transformers.AutoConfig.for_model(
-                **{**data, "model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
+                **{**data, "model_type": model_type, "architectures": [hf_class]}))
             model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype, **EAGER)
             model.load_state_dict(llama.state_dict(), strict=True)
             return model.eval()
@@ -122,9 +111,8 @@ def gguf_config_disagreements(src) -> list[str]:
     RoPE theta; not RoPE scaling, not GPT-2's context), and those must agree."""
     from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
 
-    from .convert import hf_family
     transformers = _transformers()
-    ours = hf_family(src.config).config_to_hf(src.config)
+    ours = family_of(src.config).config_to_hf(src.config)
     ours["rope_theta"] = ours.pop("rope_parameters", {}).get("rope_theta")
     with contextlib.redirect_stderr(io.StringIO()):
         theirs = transformers.AutoConfig.from_pretrained(src.path.parent, gguf_file=src.path.name).to_dict()
@@ -148,7 +136,7 @@ def _fill(src, hf: nn.Module, stored: dict[str, str], blockwise: bool, dtype: to
             raise where(src.path, f"tensor '{stored[name]}' has shape {tuple(tensor.shape)}; transformers' "
                                   f"'{name}' is {shapes[name]}")
         return tensor
-    blocks = REFERENCE_TAPS[src.arch]["block.{i}"]
+    blocks = family_of(src.config).hf_steps["block.{i}"]
     lazy_blocks = [blocks.format(i=i) for i in range(src.config.n_layers)] if blockwise else []
     return fill_blockwise(hf, lazy_blocks, weight).eval()  # with no blocks named, every weight is read now
 
@@ -178,14 +166,15 @@ def _stored_names(src, hf: nn.Module) -> dict[str, str] | None:
 
 
 @torch.no_grad()
-def reference_steps(hf_model: nn.Module, arch: str, n_layers: int, ids: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Run transformers on ids (B, T) and catch each mapped step's output, plus the logits: in float64
-    from a float64 model (the truth), else in float32."""
+def reference_steps(hf_model: nn.Module, taps: dict[str, str], n_layers: int, ids: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Run transformers on ids (B, T) and catch each mapped step's output (``taps``: our step → the module
+    computing it, the family's ``hf_steps``), plus the logits: in float64 from a float64 model (the
+    truth), else in float32."""
     keep = (lambda t: t.detach().cpu()) if hf_model.dtype == torch.float64 else (lambda t: t.detach().float().cpu())
     modules = dict(hf_model.named_modules())
     steps: dict[str, torch.Tensor] = {}
     hooks = []
-    for step, module in REFERENCE_TAPS[arch].items():
+    for step, module in taps.items():
         for i in range(n_layers) if "{i}" in step else [None]:
             name = step.format(i=i)
 

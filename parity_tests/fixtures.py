@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import save_file
 from tokenizers import ByteLevelBPETokenizer
 
-from gptconv.models.gemma3 import FULL, SLIDING
+from gptconv.families.gemma3 import FULL, SLIDING
 
 TOKENIZER_TEXT = [
     "The capital of France is Paris. The capital of Italy is Rome.",

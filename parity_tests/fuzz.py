@@ -238,7 +238,7 @@ def main(workdir: Path, cases: int, seed: int, only: set[int] | None = None) -> 
         tables["Q8_0"] = ((workdir / "model-q8_0.gguf").read_bytes(), tensor_table(workdir / "model-q8_0.gguf"))
     tokenizer_json = {name: base_tokenizer_json(folder) for name, folder in folders.items()}
     gguf_tok = gguf_with_kvs(originals["gguf"], tokenizer_kvs(llama_folder, TEMPLATES["template-ok"][0]))
-    from gptconv.convert import GPT2_HF
+    from gptconv.families.gpt2 import GPT2_HF
     base_table = table_specs(GPT2_HF.rules)  # HF's names as a user's table; its state dict, the reference
     reference = gptconv.state_dict(st_folder, layout=build_table(base_table))
     n_layers = gptconv.open_source(st_folder).config.n_layers

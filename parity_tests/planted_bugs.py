@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from gptconv.convert.llama import _permute
+from gptconv.convert.gguf_decoder import _permute
 
 
 @dataclass(frozen=True)
@@ -166,7 +166,8 @@ def _gelu_erf(model: nn.Module, case: Case):
     if case.arch == "gpt2":
         return _all(*[_set(b.mlp, approximate="none") for b in _blocks(model)])
     import torch.nn.functional as F
-    return _patch(_model_module(model), "geglu",
+    import importlib
+    return _patch(importlib.import_module(type(_blocks(model)[0].mlp).__module__), "geglu",
                   lambda x, gate, up, down: down(F.gelu(gate(x)) * up(x)))
 
 

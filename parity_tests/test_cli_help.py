@@ -10,7 +10,7 @@ import click
 import pytest
 
 from gptconv.cli.main import cli
-from gptconv.sources.hub import ALIASES
+from gptconv.sources.hub import aliases
 from helpers import run_cli
 
 
@@ -30,7 +30,7 @@ def test_help_gives_exit_statuses_and_every_command_an_example():
 def test_aliases_are_listed():
     r = run_cli("aliases")
     assert r.returncode == 0 and "gpt2" in r.stdout and "openai-community/gpt2" in r.stdout
-    assert json.loads(run_cli("aliases", "--json").stdout) == ALIASES
+    assert json.loads(run_cli("aliases", "--json").stdout) == aliases()
 
 
 def test_every_command_that_takes_a_source_takes_a_revision():

@@ -1,6 +1,6 @@
 """The same input gives bit-identical logits in every process: nothing in the model is chosen by timing.
 
-The one-token product (gptconv/models/linear.py) is a setting, GPTCONV_ONE_ROW_PRODUCT; with either
+The one-token product (gptconv/layers/linear.py) is a setting, GPTCONV_ONE_ROW_PRODUCT; with either
 value, a greedy decode in two fresh processes, and twice in one process, gives the same bits at
 every step.
 """
@@ -29,7 +29,8 @@ DECODE = """
 import hashlib, json, sys
 import torch
 import gptconv
-from gptconv.models import KVCache, linear
+from gptconv.models import KVCache
+from gptconv.layers import linear
 
 torch.set_num_threads(int(sys.argv[2]))
 model = gptconv.load(sys.argv[1])

@@ -131,14 +131,14 @@ def test_trace_names_the_new_steps(families):
 
 def test_a_router_without_renormalising_fails_verify(families, monkeypatch):
     """Mixtral renormalises the chosen experts' probabilities to sum to 1; leaving that out fails at block.0."""
-    from gptconv.models import llama
-    real = llama.MoE.forward
+    from gptconv.layers import mlp
+    real = mlp.MoE.forward
 
-    def unnormalised(self, x, tap=llama.no_tap):
+    def unnormalised(self, x, tap=mlp.no_tap):
         probs = torch.softmax(self.router(x).float(), -1)
         top, _ = probs.topk(self.top_k, -1)
         return real(self, x, tap) * top.sum(-1, keepdim=True).view(*x.shape[:-1], 1).to(x.dtype)
-    monkeypatch.setattr(llama.MoE, "forward", unnormalised)
+    monkeypatch.setattr(mlp.MoE, "forward", unnormalised)
     report = gptconv.verify(str(families["mixtral"]), length=32)
     assert not report.passed and report.first_divergent_step == "block.0"
 

@@ -19,7 +19,7 @@ import torch
 import gptconv
 from gptconv.errors import GptconvError
 from gptconv.models import KVCache, PRESETS, build, build_empty
-from gptconv.models.gemma3 import FULL, SLIDING
+from gptconv.families.gemma3 import FULL, SLIDING
 from gptconv.parity import FP32, LLAMA_CPP
 from gptconv.writers import export
 from fixtures import make_gemma3
@@ -56,14 +56,14 @@ def test_logits_match_transformers_past_the_window(gemma3):
 @pytest.mark.parametrize("change", ["no window", "local RoPE everywhere", "head_dim scale", "norm w, not 1 + w"])
 def test_each_feature_matters(gemma3, change, monkeypatch):
     """The parity above checks each feature: the same weights without it are far off."""
-    from gptconv.models import gemma3 as g
+    from gptconv.layers import norms
     ours = gptconv.load(gemma3)
     c = ours.config
     replaced = {"no window": dict(layer_types=(FULL,) * c.n_layers),
                 "local RoPE everywhere": dict(rope_theta=c.rope_local_theta, rope_scaling=None),
                 "head_dim scale": dict(query_pre_attn_scalar=float(c.head_dim))}.get(change, {})
     if change == "norm w, not 1 + w":
-        monkeypatch.setattr(g, "gemma_rms_norm", lambda x, w, eps: torch.nn.functional.rms_norm(x, (x.size(-1),), w, eps))
+        monkeypatch.setattr(norms, "offset_rms_norm", lambda x, w, eps: torch.nn.functional.rms_norm(x, (x.size(-1),), w, eps))
     other = build(dataclasses.replace(c, **replaced)).eval()
     other.load_state_dict(ours.state_dict())
     ids = random_ids(c.vocab_size, c.context_length)
@@ -114,7 +114,7 @@ def test_gguf_export_loads_back_bit_exact(gemma3, tmp_path):
 def test_norm_plus_one_loses_only_what_float32_cannot_hold():
     """llama.cpp stores 1 + w. A bfloat16 weight (every released checkpoint's) goes there and back
     exactly; a float32 weight keeps what 1 + w can hold: within half an ulp of 1 + w."""
-    from gptconv.convert.gemma3 import NORM_PLUS_ONE as T
+    from gptconv.families.gemma3 import NORM_PLUS_ONE as T
     w = (torch.randn(10_000, generator=torch.Generator().manual_seed(0)) * 0.1)
     bf = w.bfloat16().float()
     assert torch.equal(T.forward(T.inverse(bf, None), None), bf)
@@ -157,7 +157,7 @@ PARAMETERS = {"gemma-3-270m": 268_098_176, "gemma-3-1b": 999_885_952, "gemma-3-4
 def test_presets_have_the_real_parameter_counts(name):
     import transformers
     from accelerate import init_empty_weights
-    from gptconv.convert.gemma3 import gemma3_config_to_hf
+    from gptconv.families.gemma3 import gemma3_config_to_hf
     ours = sum(p.numel() for p in build_empty(PRESETS[name]).parameters())
     assert ours == PARAMETERS[name]
     data = gemma3_config_to_hf(PRESETS[name])

@@ -83,9 +83,11 @@ def test_a_misread_config_field_fails_even_though_both_models_use_it(smollm2, mo
     transformers' own reading of the file must agree with ours."""
     import dataclasses
 
-    from gptconv import convert
-    parse, keymap = convert.GGUF_ARCHS["llama"]
-    monkeypatch.setitem(convert.GGUF_ARCHS, "llama", (lambda f, t: dataclasses.replace(parse(f, t), norm_eps=1e-3), keymap))
+    from gptconv import families
+    misread = tuple(dataclasses.replace(f, config_from_gguf=lambda fields, t, parse=f.config_from_gguf:
+                                        dataclasses.replace(parse(fields, t), norm_eps=1e-3))
+                    for f in families.BY_GGUF_ARCH["llama"])
+    monkeypatch.setitem(families.BY_GGUF_ARCH, "llama", misread)
     report = verify(str(smollm2), length=16)
     assert report.first_divergent_step is None  # both models computed with the same wrong eps
     assert not report.passed and any("rms_norm_eps" in n for n in report.notes)
@@ -102,8 +104,8 @@ def test_smollm2_q4_1_against_llama_cpp(smollm2):
 
 def test_a_planted_fault_fails_against_llama_cpp(smollm2, monkeypatch):
     """Our model without the Q/K un-permutation: llama.cpp, which never sees our code, catches it."""
-    from gptconv.convert import llama
-    monkeypatch.setattr(llama, "_unpermute", lambda w, n_heads: w)
+    from gptconv.convert import gguf_decoder
+    monkeypatch.setattr(gguf_decoder, "_unpermute", lambda w, n_heads: w)
     report = verify(str(smollm2), against="llama.cpp", length=64)
     assert not report.passed and report.first_divergent_step == "logits"
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gptconv.convert import GPT2_HF, TensorInfo, model_shapes
+from gptconv.convert import TensorInfo, model_shapes
+from gptconv.families.gpt2 import GPT2_HF
 from gptconv.convert.keymap import Fused, KeyMap, Map, Rule, Stacked
-from gptconv.convert.llama import SPLIT_QKV
+from gptconv.families.phi3 import SPLIT_QKV
 from gptconv.sources.hf_folder import open_hf_folder
 from gptconv.errors import GptconvError
 from gptconv.loader import open_source

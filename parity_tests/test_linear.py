@@ -12,8 +12,8 @@ from gptconv.parity import SAME_MODEL
 import torch.nn.functional as F
 
 from gptconv.errors import GptconvError
-from gptconv.models import linear as linear_module
-from gptconv.models.linear import Linear, linear
+from gptconv.layers import linear as linear_module
+from gptconv.layers.linear import Linear, linear
 
 
 @pytest.fixture
@@ -66,8 +66,8 @@ def test_a_new_weight_is_noticed():
 
 def test_empty_build_initialises_nothing():
     """Initialising on meta is not free (normal_ imports torch._dynamo, ~1.3 s): a load must not do it."""
-    code = ("import sys, gptconv; from gptconv.models import build_empty, GPT2_PRESETS; "
-            "m = build_empty(GPT2_PRESETS['gpt2']); assert next(m.parameters()).is_meta; "
+    code = ("import sys, gptconv; from gptconv.models import build_empty, PRESETS; "
+            "m = build_empty(PRESETS['gpt2']); assert next(m.parameters()).is_meta; "
             "print('torch._dynamo' in sys.modules)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
@@ -105,7 +105,7 @@ def test_the_environment_variable_is_read_once(value, monkeypatch, one_row):
 
 def test_a_bad_value_is_an_error_when_read_not_at_import(monkeypatch, one_row):
     monkeypatch.setenv("GPTCONV_ONE_ROW_PRODUCT", "fastest")
-    r = subprocess.run([sys.executable, "-c", "import gptconv.models.linear, gptconv; print('imported')"],
+    r = subprocess.run([sys.executable, "-c", "import gptconv.layers.linear, gptconv; print('imported')"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "imported", r.stderr
     one_row(None)
@@ -150,10 +150,11 @@ def test_the_block_views_are_made_once_per_weight_and_thread_count(monkeypatch, 
 
 
 def test_no_timing_in_the_models():
-    """The product is a setting, never a measurement: nothing under models/ reads a clock."""
+    """The product is a setting, never a measurement: no model code (models/, layers/, families/) reads a clock."""
     import pathlib
-    import gptconv.models
-    for path in pathlib.Path(gptconv.models.__file__).parent.glob("*.py"):
+    import gptconv
+    root = pathlib.Path(gptconv.__file__).parent
+    for path in [p for folder in ("models", "layers", "families") for p in (root / folder).glob("*.py")]:
         text = path.read_text()
         for clock in ("perf_counter", "time.time", "monotonic", "process_time", "import time"):
             assert clock not in text, f"{path.name}: {clock}"

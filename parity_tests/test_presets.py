@@ -13,6 +13,7 @@ PARAMETERS = {
     "gpt2-medium": 354_823_168,
     "gpt2-large": 774_030_080,
     "gpt2-xl": 1_557_611_200,
+    "distilgpt2": 81_912_576,  # the Hub's count for distilbert/distilgpt2 ("82M")
     "llama-2-7b": 6_738_415_616,
     "llama-3-8b": 8_030_261_248,
     "llama-3.1-8b": 8_030_261_248,
@@ -61,6 +62,9 @@ def test_every_preset_is_counted():
     assert set(PRESETS) == set(PARAMETERS)
 
 
-def test_every_preset_has_an_alias():
-    from gptconv.sources.hub import ALIASES
-    assert set(PRESETS) <= set(ALIASES)
+def test_every_preset_is_an_alias_of_its_repo():
+    """One table: each preset's name is the alias ``pull`` takes for its Hub repo."""
+    from gptconv.families import PRESETS as FAMILY_PRESETS
+    from gptconv.sources.hub import repo_id_for
+    for name, preset in FAMILY_PRESETS.items():
+        assert repo_id_for(name) == preset.repo and repo_id_for(preset.repo) == preset.repo, name

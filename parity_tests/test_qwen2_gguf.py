@@ -28,9 +28,12 @@ def test_both_converters_write_qwen2_unpermuted(converter_fixtures, theirs, tmp_
 
 def test_reading_it_with_the_llama_permutation_fails_at_block_0(theirs, monkeypatch):
     """The check can fail: read with the llama architecture's Q/K permutation, the model diverges at once."""
-    from gptconv import convert
-    from gptconv.convert.llama import llama_gguf_keymap
-    parse, _ = convert.GGUF_ARCHS["qwen2"]
-    monkeypatch.setitem(convert.GGUF_ARCHS, "qwen2", (parse, lambda config: llama_gguf_keymap(config, "llama")))
+    import dataclasses
+
+    from gptconv import families
+    from gptconv.convert.gguf_decoder import decoder_gguf_keymap, standard_layer
+    (qwen2,) = families.BY_GGUF_ARCH["qwen2"]
+    permuted = lambda config: decoder_gguf_keymap(config, "llama", standard_layer(permuted=True))  # noqa: E731
+    monkeypatch.setitem(families.BY_GGUF_ARCH, "qwen2", (dataclasses.replace(qwen2, gguf_keymap=permuted),))
     report = gptconv.verify(theirs, length=32)
     assert not report.passed and report.first_divergent_step == "block.0"

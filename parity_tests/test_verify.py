@@ -9,9 +9,9 @@ import os
 import pytest
 import torch
 
-from gptconv import convert
-from gptconv import verify
-from gptconv.convert.keymap import IDENTITY
+from gptconv import families, verify
+from gptconv.convert.keymap import IDENTITY, KeyMap
+from gptconv.families.gpt2 import GPT2_HF
 from gptconv.parity import FP32, calibrated_rule
 from helpers import edited_copy, run_cli, swap
 
@@ -56,11 +56,11 @@ def test_swapped_tensors_fail_at_the_first_divergent_block(ckpts, tmp_path):
 
 def test_dropped_conv1d_transpose_is_caught(ckpts, monkeypatch):
     """A test-only map that forgets the Conv1D transpose on the (square) attention output."""
-    family = convert.HF_FAMILIES["gpt2"]
+    family = families.BY_HF_TYPE["gpt2"]
     rules = [dataclasses.replace(r, transform=IDENTITY) if r.source.endswith("attn.c_proj.weight") else r
-             for r in convert.GPT2_HF.rules]
-    broken = convert.KeyMap("gpt2 without transpose", rules, convert.GPT2_HF.legacy_prefix)
-    monkeypatch.setitem(convert.HF_FAMILIES, "gpt2", dataclasses.replace(family, keymap=lambda config: broken))
+             for r in GPT2_HF.rules]
+    broken = KeyMap("gpt2 without transpose", rules, GPT2_HF.legacy_prefix)
+    monkeypatch.setitem(families.BY_HF_TYPE, "gpt2", dataclasses.replace(family, hf_keymap=lambda config: broken))
     report = verify(str(ckpts["tiny"]))
     assert not report.passed and report.first_divergent_step == "block.0"
     assert report.top1_agreement < 0.9

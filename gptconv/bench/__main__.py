@@ -221,7 +221,7 @@ def machine() -> str:
     import torch
     import transformers
 
-    from ..models.linear import one_row_product
+    from ..layers.linear import one_row_product
     return (f"{cpu}, {os.cpu_count()} cores, {mem / 2**30:.0f} GiB RAM; torch {torch.__version__} "
             f"({torch.get_num_threads()} threads, one-row product {one_row_product()}), "
             f"transformers {transformers.__version__}, llama-cpp-python {llama_cpp.__version__}")

@@ -156,12 +156,13 @@ def example(*lines: str) -> str:
 @click.option("--json", "as_json", is_flag=True, callback=_note_json, help="Print the table as JSON.")
 def aliases(as_json: bool) -> None:
     """The short names SOURCE accepts, and the Hub repo each stands for."""
-    from ..sources.hub import ALIASES
+    from ..sources.hub import aliases as known
+    table = known()
     if as_json:
-        click.echo(json.dumps(ALIASES, indent=2))
+        click.echo(json.dumps(table, indent=2))
         return
-    width = max(map(len, ALIASES))
-    for name, repo in ALIASES.items():
+    width = max(map(len, table))
+    for name, repo in table.items():
         click.echo(f"{name:<{width}}  {repo}")
 
 

@@ -6,6 +6,7 @@ import re
 
 import click
 
+from ..families import family_of
 from ..tracing import explain
 
 
@@ -32,24 +33,11 @@ def pull_summary(s) -> None:
 def trace(result) -> None:
     cfg, steps = result.config, result.steps
     heads = f"{cfg.n_heads} heads" + (f" (K/V: {cfg.n_kv_heads})" if cfg.n_kv_heads != cfg.n_heads else "")
-    family = getattr(cfg, "family", result.arch)
-    click.echo(f"{family}: {cfg.n_layers} blocks, d = {cfg.d_model}, {heads}, head_dim = {cfg.head_dim}, "
+    family = family_of(cfg)
+    click.echo(f"{family.name}: {cfg.n_layers} blocks, d = {cfg.d_model}, {heads}, head_dim = {cfg.head_dim}, "
                f"vocab = {cfg.vocab_size:,}")
-    if result.arch == "llama":
-        scaling = f", {cfg.rope_scaling.kind} scaling" if cfg.rope_scaling else ""
-        click.echo(f"position: no position embedding; RoPE (theta = {cfg.rope_theta:g}{scaling}) rotates Q and K "
-                   f"inside every attention layer; GQA: {cfg.n_heads} query heads share {cfg.n_kv_heads} K/V heads")
-        extras = [f"each position sees the last {cfg.sliding_window} only (sliding window)"] if cfg.sliding_window else []
-        extras += ["q and k heads RMS-normed before RoPE"] if cfg.qk_norm else []
-        extras += [f"MLP: {cfg.n_experts_used} of {cfg.n_experts} experts per token"] if cfg.n_experts else []
-        if extras:
-            click.echo("also: " + "; ".join(extras))
-    if result.arch == "gemma3":
-        local = sum(t == "sliding_attention" for t in cfg.layer_types)
-        scaling = f", {cfg.rope_scaling.kind} scaling" if cfg.rope_scaling else ""
-        click.echo(f"position: RoPE on q and k; {local} local layers see their last {cfg.sliding_window} positions "
-                   f"(theta = {cfg.rope_local_theta:g}), {cfg.n_layers - local} global layers see all "
-                   f"(theta = {cfg.rope_theta:g}{scaling}); token_embedding is × √d; norms before and after each sublayer")
+    for line in family.describe(cfg):
+        click.echo(line)
     click.echo(f"{'step':<24} {'shape':<20} {'mean':>10} {'std':>10} {'min':>10} {'max':>10}  what")
     explained = set()
     for st in steps:

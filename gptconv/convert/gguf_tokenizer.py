@@ -67,7 +67,14 @@ _CONTROL_BY_TEXT = frozenset((
     "<｜end▁of▁sentence｜>", "<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>",
 ))
 # Phi-3 (by general.name): llama.cpp strips the spaces after its special tokens, except these.
-_PHI3_KEEP_SPACE = ("<unk>", "<s>", "<|endoftext|>")
+_KEEP_SPACE = ("<unk>", "<s>", "<|endoftext|>")  # special tokens that keep the space after them even so
+
+
+def _rstrips_special(name: str) -> bool:
+    """llama.cpp's vocabulary loader, for a model whose general.name contains one of the names a family
+    lists (its ``gguf_vocab["rstrip_special_when_named"]``), strips the spaces after special tokens."""
+    from ..families import FAMILIES
+    return any(n in name.lower() for f in FAMILIES for n in f.gguf_vocab.get("rstrip_special_when_named", ()))
 
 # The special tokens GGUF has keys for (tokenizer.ggml.bos_token_id, …) and the add_* flags.
 ID_KEYS = {"bos": Keys.Tokenizer.BOS_ID, "eos": Keys.Tokenizer.EOS_ID, "unk": Keys.Tokenizer.UNK_ID,
@@ -158,9 +165,8 @@ class GGUFVocab:
         if self.model == "llama":
             pieces = spm.Pieces(self.tokens, self.scores or [0.0] * len(self.tokens), types,
                                 add_dummy_prefix=self.add_space_prefix is not False)
-            phi3 = any(n in self.name.lower() for n in ("phi-3", "phi3"))
             rstrip = {t for t, kind in zip(self.tokens, types) if kind in (CONTROL, USER_DEFINED, UNKNOWN)
-                      and t not in _PHI3_KEEP_SPACE} if phi3 else set()
+                      and t not in _KEEP_SPACE} if _rstrips_special(self.name) else set()
             return spm.build(pieces, token("bos"), token("eos"), self.adds("bos"), self.adds("eos"), rstrip)
         pre = _pre_tokenizer(self.pre or "default")
         if pre is None:

@@ -24,7 +24,7 @@ from typing import Any
 from tokenizers import Tokenizer as HFTokenizer
 
 from ..errors import where
-from . import gguf_arch, spm
+from . import spm
 from ..sources.hf_folder import read_json_object, token_content
 from .gguf_tokenizer import BYTE, CONTROL, ID_KEYS, NORMAL, PRE_TOKENIZER_NAMES, UNUSED, USER_DEFINED, GGUFVocab
 
@@ -37,9 +37,13 @@ def looks_special(token: str) -> bool:
             or (token.startswith("<｜") and token.endswith("｜>")) or (token.startswith("<unused") and token.endswith(">")))
 
 
-def vocab_of_folder(folder: Path, cfg: Any, tk: HFTokenizer, chat_template: str | None) -> GGUFVocab:
+def vocab_of_folder(folder: Path, cfg: Any, tk: HFTokenizer, chat_template: str | None,
+                    rules: dict[str, Any]) -> GGUFVocab:
     """The GGUF vocabulary for the tokenizer in ``folder`` (``tk``: that tokenizer, loaded) of a model
-    with config ``cfg`` (ours)."""
+    with config ``cfg`` (ours); ``rules``: the converter's rules for the model's family (its
+    ``gguf_vocab``): ``add_prefix_space_from_config`` (tokenizer_config's add_prefix_space becomes the
+    space prefix), ``add_space_prefix_spm`` (the space prefix of a SentencePiece vocabulary),
+    ``pre_tokenizer_first`` (the pre-tokenizer name tried first)."""
     folder, n_vocab = Path(folder), cfg.vocab_size
     config = read_json_object(folder / "tokenizer_config.json")
     tokenizer_json = read_json_object(folder / "tokenizer.json")  # read once: tens of MB for a large vocabulary
@@ -53,15 +57,15 @@ def vocab_of_folder(folder: Path, cfg: Any, tk: HFTokenizer, chat_template: str 
     elif model.get("type") == "BPE" and model.get("byte_fallback"):
         vocab = _from_byte_fallback_bpe(folder, tk, model, n_vocab)
     elif model.get("type") == "BPE":
-        vocab = _from_byte_level_bpe(folder, tk, spec, n_vocab, gguf_arch(cfg))
+        vocab = _from_byte_level_bpe(folder, tk, spec, n_vocab, rules.get("pre_tokenizer_first"))
     else:
         raise where(folder, f"a {model.get('type')} tokenizer cannot be written to GGUF (BPE and SentencePiece can)")
     vocab.special, vocab.add = _special_tokens(folder, config, tokenizer_json, len(vocab.tokens))
     vocab.chat_template = chat_template
-    if gguf_arch(cfg) == "llama" and isinstance(config.get("add_prefix_space"), bool):  # the converter's Llama rule
+    if rules.get("add_prefix_space_from_config") and isinstance(config.get("add_prefix_space"), bool):
         vocab.add_space_prefix = config["add_prefix_space"]
-    if gguf_arch(cfg) == "gemma3" and (folder / "tokenizer.model").is_file():  # the converter's Gemma 3 rule
-        vocab.add_space_prefix = False
+    if "add_space_prefix_spm" in rules and (folder / "tokenizer.model").is_file():
+        vocab.add_space_prefix = rules["add_space_prefix_spm"]
     return vocab
 
 
@@ -103,13 +107,13 @@ def _from_byte_fallback_bpe(folder: Path, tk: HFTokenizer, model: dict, n_vocab:
     return GGUFVocab("llama", "default", tokens, types, scores)
 
 
-def _from_byte_level_bpe(folder: Path, tk: HFTokenizer, spec: dict, n_vocab: int, arch: str) -> GGUFVocab:
+def _from_byte_level_bpe(folder: Path, tk: HFTokenizer, spec: dict, n_vocab: int, first: str | None) -> GGUFVocab:
     tokens, types = _tokens(folder, tk, n_vocab)
     # a merge given as a pair writes its spaces as byte-level BPE's "Ġ" (the byte 0x20 shifted by 256)
     merges = [m if isinstance(m, str) else " ".join(part.replace(" ", "\u0120") for part in m)
               for m in spec["model"].get("merges", [])]
     vocab = GGUFVocab("gpt2", None, tokens, types, merges=merges)
-    vocab.pre = _pre_tokenizer_name(folder, tk, vocab, first="qwen2" if arch in ("qwen2", "qwen3") else None)
+    vocab.pre = _pre_tokenizer_name(folder, tk, vocab, first)
     return vocab
 
 

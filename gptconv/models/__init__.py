@@ -1,4 +1,5 @@
-"""Our model code: one file per architecture, each a config dataclass, presets and the module."""
+"""Our models: each family's model (``gptconv/families/``, one file each) built from the shared parts
+(``gptconv/layers/``). ``build`` makes the model for any config of ours."""
 
 from __future__ import annotations
 
@@ -6,28 +7,20 @@ import torch
 import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 
-from .gemma3 import PRESETS as GEMMA3_PRESETS
-from .gemma3 import Gemma3, Gemma3Config
-from .gpt2 import GPT2, GPT2Config
-from .gpt2 import PRESETS as GPT2_PRESETS
-from .kv_cache import KVCache
-from .llama import PRESETS as LLAMA_PRESETS
-from .llama import Llama, LlamaConfig
-from .rope import RopeScaling
+from ..families import PRESETS as _PRESETS
+from ..families import family_of
+from ..families.gpt2 import GPT2, GPT2Config
+from ..layers.decoder import Llama, LlamaConfig
+from ..layers.kv_cache import KVCache
+from ..layers.rope import RopeScaling
 
-# architecture name → (config class, model class)
-ARCHITECTURES: dict[str, tuple[type, type[nn.Module]]] = {
-    "gpt2": (GPT2Config, GPT2),
-    "llama": (LlamaConfig, Llama),
-    "gemma3": (Gemma3Config, Gemma3),
-}
-
-PRESETS: dict[str, object] = {**GPT2_PRESETS, **LLAMA_PRESETS, **GEMMA3_PRESETS}
+# preset name → its config (``gptconv.families.PRESETS`` has their Hub repos too)
+PRESETS: dict[str, object] = {name: preset.config for name, preset in _PRESETS.items()}
 
 
 def build(config: object) -> nn.Module:
     """The model for ``config``, randomly initialised as its modules do."""
-    return ARCHITECTURES[config.arch][1](config)
+    return family_of(config).build(config)
 
 
 def build_empty(config: object) -> nn.Module:
@@ -49,5 +42,4 @@ class _SkipInit(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-__all__ = ["ARCHITECTURES", "Gemma3", "Gemma3Config", "GPT2", "GPT2Config", "KVCache", "Llama", "LlamaConfig", "PRESETS", "RopeScaling",
-           "build", "build_empty"]
+__all__ = ["GPT2", "GPT2Config", "KVCache", "Llama", "LlamaConfig", "PRESETS", "RopeScaling", "build", "build_empty"]

@@ -49,37 +49,13 @@ from huggingface_hub.errors import (
 from ..errors import GptconvError
 from ..output import sha256_file
 
-# Short names a user types → the Hub repo that holds the weights.
-ALIASES: dict[str, str] = {
-    "gpt2": "openai-community/gpt2",
-    "gpt2-medium": "openai-community/gpt2-medium",
-    "gpt2-large": "openai-community/gpt2-large",
-    "gpt2-xl": "openai-community/gpt2-xl",
-    "distilgpt2": "distilbert/distilgpt2",
-    "llama-2-7b": "meta-llama/Llama-2-7b-hf",
-    "llama-3-8b": "meta-llama/Meta-Llama-3-8B",
-    "llama-3.1-8b": "meta-llama/Llama-3.1-8B",
-    "llama-3.2-1b": "meta-llama/Llama-3.2-1B",
-    "llama-3.2-3b": "meta-llama/Llama-3.2-3B",
-    "tinyllama-1.1b": "TinyLlama/TinyLlama-1.1B-Chat-v1.0",
-    "smollm2-135m": "HuggingFaceTB/SmolLM2-135M",
-    "smollm2-360m": "HuggingFaceTB/SmolLM2-360M",
-    "smollm2-1.7b": "HuggingFaceTB/SmolLM2-1.7B",
-    "mistral-7b": "mistralai/Mistral-7B-v0.1",
-    "mistral-7b-v0.1": "mistralai/Mistral-7B-v0.1",
-    "mixtral-8x7b": "mistralai/Mixtral-8x7B-v0.1",
-    "phi-3-mini": "microsoft/Phi-3-mini-4k-instruct",
-    "qwen3-0.6b": "Qwen/Qwen3-0.6B",
-    "qwen3-1.7b": "Qwen/Qwen3-1.7B",
-    "qwen3-4b": "Qwen/Qwen3-4B",
-    "qwen3-8b": "Qwen/Qwen3-8B",
-    "qwen2.5-0.5b": "Qwen/Qwen2.5-0.5B",
-    "gemma-3-270m": "google/gemma-3-270m",
-    "gemma-3-1b": "google/gemma-3-1b-pt",
-    # the 4B's repo holds the multimodal model (model_type gemma3: text and vision), which is refused
-    # as such; the preset is its text model
-    "gemma-3-4b": "google/gemma-3-4b-pt",
-}
+
+
+def aliases() -> dict[str, str]:
+    """Short names a user types (the presets, ``gptconv/families/``) → the Hub repo that holds the weights."""
+    from ..families import PRESETS
+    return {name: preset.repo for name, preset in PRESETS.items()}
+
 
 SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
               "special_tokens_map.json", "vocab.json", "merges.txt", "tokenizer.model", "added_tokens.json",
@@ -92,8 +68,9 @@ _SHARD = re.compile(r"(model|pytorch_model)-\d+-of-\d+\.(safetensors|bin)")
 
 def repo_id_for(source: str) -> str | None:
     """The Hub repo id ``source`` names (an alias or ``owner/name``), or None."""
-    if source in ALIASES:
-        return ALIASES[source]
+    known = aliases()
+    if source in known:
+        return known[source]
     return source if _REPO_ID.fullmatch(source) else None
 
 

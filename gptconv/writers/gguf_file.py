@@ -14,15 +14,14 @@ from pathlib import Path
 import numpy as np
 import torch
 from gguf import GGMLQuantizationType as Q
-from gguf import GGML_QUANT_VERSION, GGUFWriter, LlamaFileType, RopeScalingType, size_label
+from gguf import GGML_QUANT_VERSION, GGUFWriter, LlamaFileType, size_label
 from gguf.quants import quant_shape_to_byte_shape, quantize
 
-from ..errors import GptconvError, where
-from ..models.rope import rope_frequencies
-from ..convert import GGUF_ARCHS, gguf_arch
-from ..convert.gemma3 import gguf_llama_cpp_mismatch, query_scale_to_write
 from ..convert.gguf_tokenizer import GGUFVocab
 from ..convert.hf_vocab import vocab_of_folder
+from ..errors import where
+from ..families import family_of
+from ..layers.rope import rope_frequencies
 from ..output import TailHash, WriteBehind
 from .tensors import ExportedFile, Narrowing, Weights
 
@@ -38,7 +37,7 @@ TensorTypes = list[tuple[str, tuple[int, ...], str]]
 def write_gguf(weights: Weights, src, tokenizer, path: Path, dtype: str, narrow: Narrowing,
                name: str) -> tuple[ExportedFile, TensorTypes]:
     """The file, and the type each tensor was written in."""
-    w = GGUFWriter(str(path), gguf_arch(weights.config))
+    w = GGUFWriter(str(path), family_of(weights.config).gguf_arch)
     with TailHash(path) as sha:  # hashes the file as it grows
         try:
             infos = _write(w, weights, src, tokenizer, dtype, narrow, name)
@@ -58,10 +57,11 @@ def tensor_types(path: Path) -> TensorTypes:
 def _write(w: GGUFWriter, weights: Weights, src, tokenizer, dtype: str, narrow: Narrowing,
            name: str) -> list[tuple[str, tuple[int, ...], Q]]:
     cfg = weights.config
-    keymap = GGUF_ARCHS[gguf_arch(cfg)][1](cfg)
+    family = family_of(cfg)
+    keymap = family.gguf_keymap(cfg)
     w.add_name(Path(name).stem)
     w.add_file_type(FILE_TYPES[dtype])
-    _add_hparams(w, cfg)
+    family.gguf_metadata(w, cfg)  # the hyperparameters llama.cpp's converter writes for it, no more
     _vocab(src, tokenizer, cfg).write(w)
     w.add_quantization_version(GGML_QUANT_VERSION)
 
@@ -170,86 +170,12 @@ def _rope_factors(cfg) -> torch.Tensor | None:
     return (base / rope_frequencies(cfg.head_dim, cfg.rope_theta, s)).float()
 
 
-def _add_hparams(w: GGUFWriter, cfg) -> None:
-    """The hyperparameters llama.cpp's converter writes for this architecture, no more (so the two
-    files' metadata can be compared key by key)."""
-    arch = gguf_arch(cfg)
-    if arch == "gemma3":
-        _add_gemma3_hparams(w, cfg)
-        return
-    w.add_context_length(cfg.context_length)
-    if arch == "phi3":
-        w.add_rope_scaling_orig_ctx_len(cfg.context_length)  # no longrope: the original context is the context
-    w.add_embedding_length(cfg.d_model)
-    w.add_feed_forward_length(cfg.d_ff)
-    w.add_block_count(cfg.n_layers)
-    w.add_head_count(cfg.n_heads)
-    if arch == "gpt2":
-        w.add_layer_norm_eps(cfg.norm_eps)
-        return
-    if arch == "llama":
-        w.add_vocab_size(cfg.vocab_size)  # llama.cpp's converter writes it for the Llama architecture only
-    w.add_head_count_kv(cfg.n_kv_heads)
-    w.add_layer_norm_rms_eps(cfg.norm_eps)
-    if arch in ("llama", "phi3"):
-        w.add_rope_dimension_count(cfg.head_dim)
-    w.add_rope_freq_base(cfg.rope_theta)
-    if cfg.n_experts:
-        w.add_expert_count(cfg.n_experts)
-        w.add_expert_used_count(cfg.n_experts_used)
-    if arch == "phi3":
-        w.add_sliding_window(cfg.sliding_window or 0)  # 0: none (Phi-4)
-    elif cfg.sliding_window is not None:
-        # Mistral v0.1: the converter drops the window and llama.cpp's llama attends to everything;
-        # we keep it in the file (llama.cpp ignores the key) so that reading the file back keeps it
-        if arch != "llama":
-            raise GptconvError(f"llama.cpp's {arch} has no sliding window on every layer; not exported")
-        w.add_sliding_window(cfg.sliding_window)
-    # the converter writes the key/value length where config.json has head_dim: Llama's, Mistral's and
-    # Qwen3's (as our HF export writes them) always, Qwen2's and Mixtral's only where it is not d / heads
-    always = arch == "qwen3" or (arch == "llama" and not cfg.n_experts)
-    if always or (arch != "phi3" and cfg.head_dim != cfg.d_model // cfg.n_heads):
-        w.add_key_length(cfg.head_dim)
-        w.add_value_length(cfg.head_dim)
-    if cfg.rope_scaling is not None and cfg.rope_scaling.kind == "linear":
-        w.add_rope_scaling_type(RopeScalingType.LINEAR)
-        w.add_rope_scaling_factor(cfg.rope_scaling.factor)
-
-
-def _add_gemma3_hparams(w: GGUFWriter, cfg) -> None:
-    """What llama.cpp's converter writes for Gemma 3 (its TextModel's keys, then Gemma3Model's): no
-    vocab_size, no rope dimension; both RoPE bases; the window (llama.cpp places the global layers itself)."""
-    if (problem := gguf_llama_cpp_mismatch(cfg)) is not None:
-        raise GptconvError(f"cannot be written as GGUF gemma3: {problem}")
-    w.add_block_count(cfg.n_layers)
-    w.add_context_length(cfg.context_length)
-    w.add_embedding_length(cfg.d_model)
-    w.add_feed_forward_length(cfg.d_ff)
-    w.add_head_count(cfg.n_heads)
-    w.add_head_count_kv(cfg.n_kv_heads)
-    if cfg.rope_scaling is not None:  # the global layers'; linear is the only kind Gemma 3 has
-        w.add_rope_scaling_type(RopeScalingType.LINEAR)
-        w.add_rope_scaling_factor(cfg.rope_scaling.factor)
-    w.add_rope_freq_base(cfg.rope_theta)
-    w.add_rope_freq_base_swa(cfg.rope_local_theta)
-    w.add_layer_norm_rms_eps(cfg.norm_eps)
-    w.add_key_length(cfg.head_dim)
-    w.add_value_length(cfg.head_dim)
-    if cfg.final_logit_softcapping is not None:
-        w.add_final_logit_softcapping(cfg.final_logit_softcapping)
-    w.add_sliding_window(cfg.sliding_window)
-    if (scale := query_scale_to_write(cfg)) is not None:
-        # llama.cpp stores no query_pre_attn_scalar (it assumes head_dim, or d / heads for the 27B);
-        # we keep a scalar it would not assume, so that reading the file back keeps it
-        w.add_attention_scale(scale)
-
-
 def _vocab(src, tokenizer, cfg) -> GGUFVocab:
     """The tokenizer metadata to write: a GGUF source's own, or what llama.cpp's converter writes for
     an HF folder's tokenizer (``hf_vocab.py``)."""
     if src.format == "gguf":
         return GGUFVocab.read(src.gguf.fields)
-    vocab = vocab_of_folder(src.path, cfg, tokenizer.tk, tokenizer.chat_template)
+    vocab = vocab_of_folder(src.path, cfg, tokenizer.tk, tokenizer.chat_template, family_of(cfg).gguf_vocab)
     if len(vocab.tokens) != cfg.vocab_size:
         raise where(src.path, f"the tokenizer has {len(vocab.tokens)} tokens, the model {cfg.vocab_size}")
     return vocab

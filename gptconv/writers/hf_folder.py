@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from ..errors import where
-from ..convert import hf_family
+from ..families import family_of
 from ..output import WriteBehind, sha256_file
 from ..sources.files import regular_file
 from .safetensors_file import SafetensorsWriter
@@ -35,12 +35,12 @@ def written_by_export(name: str) -> bool:
 def write_hf_folder(weights: Weights, src, tokenizer, folder: Path, dtype: torch.dtype, shard_bytes: int,
                     narrow: Narrowing) -> list[ExportedFile]:
     cfg = weights.config
-    family = hf_family(cfg)
+    family = family_of(cfg)
     try:
         config_json = family.config_to_hf(cfg)
     except ValueError as e:
         raise where(src.path, f"cannot be written in HF layout: {e}") from None
-    keymap = family.keymap(cfg)
+    keymap = family.hf_keymap(cfg)
     folder.mkdir()
 
     stored = weights.stored_as(keymap)  # then shards of at most shard_bytes

@@ -1,0 +1,183 @@
+"""llama.cpp's layout of the Llama decoder (``layers/decoder.py``), shared by the families built on it:
+the metadata every such architecture has, RoPE scaling (``rope_freqs``), the Q/K row permutation of
+llama.cpp's ``llama`` architecture, the standard tensor rows and the hyperparameters its converter
+writes. A family file passes what is its own."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from gguf import Keys, RopeScalingType
+
+from ..errors import GptconvError, where
+from ..layers.decoder import LlamaConfig
+from ..layers.rope import RopeScaling
+from .gguf_meta import T, gguf_config, gguf_name
+from .keymap import Drop, KeyMap, Map, Rule, Stacked, TensorInfo, Tied, Transform
+
+
+def decoder_config_from_gguf(f: Any, tensors: dict[str, TensorInfo], family: str, fused_qkv: bool = False,
+                             **specific: Any) -> LlamaConfig:
+    """A config from the metadata every architecture of the decoder has; biases are those present in
+    block 0; ``specific``: the family's own fields (window, q/k norms, experts)."""
+    heads = f.get(Keys.Attention.HEAD_COUNT, int)
+    d = f.get(Keys.LLM.EMBEDDING_LENGTH, int)
+    head_dim = f.get(Keys.Attention.KEY_LENGTH, int, 0) or d // max(heads, 1)
+    rope_dim = f.get(Keys.Rope.DIMENSION_COUNT, int, head_dim)
+    if rope_dim != head_dim:
+        raise where(f.path, f"RoPE on {rope_dim} of {head_dim} head dimensions is not supported")
+    try:
+        scaling = _rope_scaling(f, tensors, head_dim)
+    except ValueError as e:
+        raise where(f.path, str(e)) from None
+    has = lambda tensor: gguf_name(tensor, "bias").replace("{i}", "0") in tensors  # noqa: E731
+    return gguf_config(
+        LlamaConfig, f, tensors,
+        n_kv_heads=f.get(Keys.Attention.HEAD_COUNT_KV, int, heads),
+        d_ff=f.get(Keys.LLM.FEED_FORWARD_LENGTH, int),
+        head_dim=head_dim,
+        norm_eps=f.get(Keys.Attention.LAYERNORM_RMS_EPS, float),
+        rope_theta=f.get(Keys.Rope.FREQ_BASE, float, 10000.0),
+        rope_scaling=scaling,
+        tie_embeddings=gguf_name(T.OUTPUT) not in tensors,
+        qkv_bias=has(T.ATTN_QKV if fused_qkv else T.ATTN_Q), o_bias=has(T.ATTN_OUT), mlp_bias=has(T.FFN_UP),
+        family=family,
+        **specific,
+    )
+
+
+def experts_of(f: Any) -> dict[str, int]:
+    """The routed experts a file declares: n_experts and n_experts_used, or nothing."""
+    n = f.get(Keys.LLM.EXPERT_COUNT, int, 0)
+    return dict(n_experts=n, n_experts_used=f.get(Keys.LLM.EXPERT_USED_COUNT, int, 0)) if n else {}
+
+
+def refuse_experts(f: Any) -> None:
+    if f.get(Keys.LLM.EXPERT_COUNT, int, 0):
+        raise where(f.path, f"mixture-of-experts '{f.arch}' models are not supported")
+
+
+def window_of(f: Any) -> int | None:
+    return f.get(Keys.Attention.SLIDING_WINDOW, int, 0) or None  # 0: none
+
+
+def _rope_scaling(f: Any, tensors: dict[str, TensorInfo], head_dim: int) -> RopeScaling | None:
+    scaling = None
+    kind = f.get(Keys.Rope.SCALING_TYPE, str, "none")
+    if kind == "linear":
+        scaling = RopeScaling("linear", factor=f.get(Keys.Rope.SCALING_FACTOR, float))
+    elif kind not in ("none", ""):
+        raise ValueError(f"RoPE scaling '{kind}' is not supported")
+    if "rope_freqs.weight" in tensors:  # Llama 3.1 scaling, stored as one factor per frequency
+        factors = tensors["rope_freqs.weight"].load().flatten().tolist()
+        if len(factors) != head_dim // 2 or not all(0 < x < 1e6 for x in factors):
+            raise ValueError(f"rope_freqs has {len(factors)} factors, expected {head_dim // 2} positive ones")
+        scaling = RopeScaling("factors", factors=tuple(factors))
+    return scaling
+
+
+def _permute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """HF rotate-half rows → llama.cpp's interleaved pairs (per head: [x₀, x_{hd/2}, x₁, …])."""
+    return w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+
+
+def _unpermute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    return w.reshape(n_heads, w.shape[0] // n_heads // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+
+
+# llama.cpp's llama architecture permutes Q with n_heads row groups and K with n_kv_heads.
+PERMUTE_Q = Transform("permute_q", lambda t, c: _unpermute(t, c.n_heads), lambda t, c: _permute(t, c.n_heads))
+PERMUTE_K = Transform("permute_k", lambda t, c: _unpermute(t, c.n_kv_heads), lambda t, c: _permute(t, c.n_kv_heads))
+
+_LAYER = [  # (llama.cpp's tensor, ours, transform where permuted), weight and bias of each but the norms
+    (T.ATTN_Q, "attn.q", PERMUTE_Q), (T.ATTN_K, "attn.k", PERMUTE_K), (T.ATTN_V, "attn.v", None),
+    (T.ATTN_OUT, "attn.o", None), (T.FFN_GATE, "mlp.gate", None), (T.FFN_UP, "mlp.up", None),
+    (T.FFN_DOWN, "mlp.down", None),
+]
+EXPERTS = [  # the router, and every expert of a layer stacked in one tensor per matrix
+    Map(gguf_name(T.FFN_GATE_INP), "blocks.{i}.mlp.router.weight"),
+    *(Stacked(gguf_name(src), f"blocks.{{i}}.mlp.experts.{{j}}.{dst}.weight", lambda c: c.n_experts)
+      for src, dst in ((T.FFN_GATE_EXP, "gate"), (T.FFN_UP_EXP, "up"), (T.FFN_DOWN_EXP, "down"))),
+]
+QK_NORM = [Map(gguf_name(T.ATTN_Q_NORM), "blocks.{i}.attn.q_norm.weight"),
+           Map(gguf_name(T.ATTN_K_NORM), "blocks.{i}.attn.k_norm.weight")]
+
+
+def standard_layer(permuted: bool, mlp: bool = True) -> list[Rule]:
+    """The attention (and, with ``mlp``, the MLP) rows of a layer; ``permuted``: Q and K rows in
+    llama.cpp's interleaved order (its ``llama`` architecture), not HF's rotate-half."""
+    rows = [r for r in _LAYER if mlp or not r[1].startswith("mlp.")]
+    return [Map(gguf_name(src, p), f"blocks.{{i}}.{dst}.{p}", *([t] if t and permuted else []))
+            for src, dst, t in rows for p in ("weight", "bias")]
+
+
+def decoder_gguf_keymap(config: LlamaConfig, arch: str, layer: list[Rule]) -> KeyMap:
+    """llama.cpp's names for the decoder: ``layer`` holds the rows of a block but its norms."""
+    head = (Tied(gguf_name(T.OUTPUT), "tok_emb.weight") if config.tie_embeddings
+            else Map(gguf_name(T.OUTPUT), "lm_head.weight"))
+    return KeyMap(f"{arch} (GGUF)", [
+        Map(gguf_name(T.TOKEN_EMBD), "tok_emb.weight"),
+        Map(gguf_name(T.ATTN_NORM), "blocks.{i}.norm1.weight"),
+        Map(gguf_name(T.FFN_NORM), "blocks.{i}.norm2.weight"),
+        *layer,
+        Map(gguf_name(T.OUTPUT_NORM), "norm_f.weight"),
+        head,
+        Drop(gguf_name(T.ROPE_FREQS)),  # read into the config (RopeScaling "factors"), not a parameter
+    ])
+
+
+def add_decoder_hparams(w: Any, cfg: LlamaConfig, *, vocab_size: bool = False, rope_dims: bool = False,
+                        original_context: bool = False) -> None:
+    """The hyperparameters llama.cpp's converter writes for every architecture of the decoder, in its
+    order (a family adds its own after them: window, key length, scaling), no more, so that the two files'
+    metadata can be compared key by key. ``vocab_size``, ``rope_dims``, ``original_context``: keys only some
+    architectures get."""
+    w.add_context_length(cfg.context_length)
+    if original_context:
+        w.add_rope_scaling_orig_ctx_len(cfg.context_length)  # no longrope: the original context is the context
+    w.add_embedding_length(cfg.d_model)
+    w.add_feed_forward_length(cfg.d_ff)
+    w.add_block_count(cfg.n_layers)
+    w.add_head_count(cfg.n_heads)
+    if vocab_size:
+        w.add_vocab_size(cfg.vocab_size)
+    w.add_head_count_kv(cfg.n_kv_heads)
+    w.add_layer_norm_rms_eps(cfg.norm_eps)
+    if rope_dims:
+        w.add_rope_dimension_count(cfg.head_dim)
+    w.add_rope_freq_base(cfg.rope_theta)
+    if cfg.n_experts:
+        w.add_expert_count(cfg.n_experts)
+        w.add_expert_used_count(cfg.n_experts_used)
+
+
+def add_llama_hparams(w: Any, cfg: LlamaConfig, key_length_always: bool) -> None:
+    """What llama.cpp's converter writes for its ``llama`` architecture (Llama, Mistral, Mixtral): the
+    vocabulary size and the rope dimension too, and the window kept (see ``add_window``)."""
+    add_decoder_hparams(w, cfg, vocab_size=True, rope_dims=True)
+    add_window(w, cfg, "llama", kept=True)
+    add_key_length(w, cfg, always=key_length_always)
+    add_linear_scaling(w, cfg)
+
+
+def add_window(w: Any, cfg: LlamaConfig, arch: str, kept: bool) -> None:
+    """A window on every layer: ``kept`` where the architecture has none in llama.cpp but the key is written
+    so that reading the file back keeps it (llama.cpp ignores it); else refused."""
+    if cfg.sliding_window is not None:
+        if not kept:
+            raise GptconvError(f"llama.cpp's {arch} has no sliding window on every layer; not exported")
+        w.add_sliding_window(cfg.sliding_window)
+
+
+def add_key_length(w: Any, cfg: LlamaConfig, always: bool) -> None:
+    """The key/value length where config.json has head_dim: ``always``, or where it is not d / heads."""
+    if always or cfg.head_dim != cfg.d_model // cfg.n_heads:
+        w.add_key_length(cfg.head_dim)
+        w.add_value_length(cfg.head_dim)
+
+
+def add_linear_scaling(w: Any, cfg: LlamaConfig) -> None:
+    if cfg.rope_scaling is not None and cfg.rope_scaling.kind == "linear":
+        w.add_rope_scaling_type(RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(cfg.rope_scaling.factor)

@@ -1,0 +1,196 @@
+"""Hugging Face's layout of the Llama decoder (``layers/decoder.py``), shared by the families built on
+it: config.json fields every such model_type has, RoPE parameters, sliding windows, the standard key
+rows (``model.layers.{i}.self_attn.q_proj`` …) and the modules verify compares step by step. A family
+file passes what is its own (biases, a window rule, q/k norms, experts, fused rows)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..layers.decoder import LlamaConfig
+from ..layers.rope import RopeScaling, llama3_from_factors
+from .hf_config import ConfigFields, build_config
+from .keymap import Drop, KeyMap, Map, Rule, Tied
+
+# our step → transformers' module whose output it is
+DECODER_HF_STEPS = {"token_embedding": "model.embed_tokens", "block.{i}": "model.layers.{i}",
+                    "final_norm": "model.norm"}
+
+
+def rope_from_hf(f: ConfigFields, default_theta: float = 10000.0) -> tuple[float, RopeScaling | None]:
+    """(theta, scaling) from transformers 5's ``rope_parameters`` or the legacy ``rope_theta`` / ``rope_scaling``.
+    A ``rope_scaling`` beside ``rope_parameters`` wins, as it does in transformers."""
+    params = dict(f.dict("rope_parameters", None) or {})
+    legacy = f.dict("rope_scaling", None)
+    if legacy or not params:  # legacy: theta at top level, scaling (if any) in rope_scaling with 'type' or 'rope_type'
+        params = {"rope_theta": params.get("rope_theta", f.float("rope_theta", default_theta)), **(legacy or {})}
+    if "partial_rotary_factor" in f.data:  # some configs say it at top level
+        params.setdefault("partial_rotary_factor", f.float("partial_rotary_factor"))
+    p = ConfigFields(params, f"{f.origin} (rope parameters)")
+    theta = p.float("rope_theta", default_theta)
+    kind = p.str("rope_type", None) or p.str("type", None) or "default"
+    if p.float("partial_rotary_factor", 1.0) != 1.0:
+        raise p.error("partial_rotary_factor != 1 (RoPE on part of each head) is not supported")
+    try:
+        if kind == "default":
+            return theta, None
+        if kind == "linear":
+            return theta, RopeScaling("linear", factor=p.float("factor"))
+        if kind == "llama3":
+            return theta, RopeScaling("llama3", factor=p.float("factor"), low_freq_factor=p.float("low_freq_factor"),
+                                      high_freq_factor=p.float("high_freq_factor"),
+                                      original_context_length=p.int("original_max_position_embeddings"))
+    except ValueError as e:
+        raise p.error(str(e)) from None
+    raise p.error(f"rope_type '{kind}' is not supported (default, linear, llama3)")
+
+
+def decoder_config_from_hf(f: ConfigFields, family: str, defaults: dict[str, Any], **specific: Any) -> LlamaConfig:
+    """The fields every model_type of the decoder has; ``defaults``: transformers' values for the fields a
+    config.json may leave out, where they are not Llama's (rms_norm_eps 1e-6, rope_theta 1e4);
+    ``specific``: the family's own (biases, window, q/k norms, experts)."""
+    act = f.str("hidden_act", "silu")
+    if act != "silu":
+        raise f.error(f"hidden_act '{act}' is not supported (SwiGLU uses silu)")
+    theta, scaling = rope_from_hf(f, defaults.get("rope_theta", 10000.0))
+    if f.data.get("pretraining_tp", 1) not in (1, None):
+        raise f.error(f"'pretraining_tp' = {f.data['pretraining_tp']!r} is not supported")
+    # dropouts and noise that act in training only, which our modules do not have
+    untrained = tuple(f"{name} {f.data[name]}" for name in ("resid_pdrop", "embd_pdrop", "router_jitter_noise")
+                      if f.float(name, 0.0))
+    layer_types(f)  # checked whatever the family makes of them
+    return build_config(
+        LlamaConfig, f,
+        **f.common(context_length="max_position_embeddings", d_model="hidden_size", n_layers="num_hidden_layers",
+                   n_heads="num_attention_heads"),
+        n_kv_heads=f.positive("num_key_value_heads", f.int("num_attention_heads")),
+        d_ff=f.int("intermediate_size"),
+        head_dim=f.positive("head_dim", 0),  # 0: d_model / n_heads
+        norm_eps=f.float("rms_norm_eps", defaults.get("rms_norm_eps", 1e-6)),
+        rope_theta=theta,
+        rope_scaling=scaling,
+        tie_embeddings=f.bool("tie_word_embeddings", False),
+        attention_dropout=f.float("attention_dropout", 0.0),
+        unsupported_in_training=untrained,
+        family=family,
+        **specific,
+    )
+
+
+def no_window(f: ConfigFields) -> None:
+    """A model_type without sliding windows: ``layer_types`` may not ask for one."""
+    types = layer_types(f)
+    if types is not None and "sliding_attention" in types:
+        raise f.error("layer_types has sliding_attention layers, but use_sliding_window is false")
+
+
+def window_on_every_layer(f: ConfigFields, default: int | None) -> int | None:
+    """``sliding_window`` applied to every layer: absent, the family's default; null, none."""
+    layer_types(f)
+    return f.positive("sliding_window", None) if "sliding_window" in f.data else default
+
+
+def window_where_enabled(f: ConfigFields, max_window_layers: int) -> int | None:
+    """The window of a model_type that windows only with ``use_sliding_window``, and then only some layers
+    (``layer_types``, else those from ``max_window_layers`` on), which we refuse unless it is all of them."""
+    types = layer_types(f)
+    if not f.bool("use_sliding_window", False):
+        no_window(f)
+        return None
+    n = f.int("num_hidden_layers")
+    if types is not None:
+        sliding = [t == "sliding_attention" for t in types]
+    else:
+        first = f.int("max_window_layers", max_window_layers)
+        sliding = [i >= first for i in range(n)]
+    if not any(sliding):
+        return None
+    if not all(sliding):
+        raise f.error("sliding-window attention on some layers only is not supported for this model_type")
+    return f.positive("sliding_window", None)
+
+
+def layer_types(f: ConfigFields) -> list[str] | None:
+    """``layer_types``, checked: one of full_attention / sliding_attention per layer, or absent."""
+    types = f.data.get("layer_types")
+    if types is None:
+        return None
+    n = f.int("num_hidden_layers")
+    if not isinstance(types, list) or len(types) != n:
+        raise f.error(f"layer_types must list one kind per layer ({n})")
+    bad = next((t for t in types if t not in ("full_attention", "sliding_attention")), None)
+    if bad is not None or not all(isinstance(t, str) for t in types):
+        raise f.error(f"layer_types: {bad!r} is not full_attention or sliding_attention")
+    return types
+
+
+def decoder_config_to_hf(c: LlamaConfig, model_type: str, hf_class: str,
+                         biases: tuple[bool, bool, bool] = (False, False, False), window: bool = True,
+                         qk_norm: bool = False, experts: bool = False) -> dict[str, Any]:
+    """The config.json transformers needs to build ``c`` as ``hf_class``. ``biases``: the (q/k/v, output,
+    MLP) biases the model_type has for this config; ``window``: whether it has a window on every layer;
+    ``qk_norm``, ``experts``: whether it has q/k norms, routed experts. A config asking for what the
+    model_type lacks is refused, never written as another family."""
+    if c.qk_norm != qk_norm:
+        raise ValueError(f"HF's {model_type} has {'' if qk_norm else 'no '}RMSNorm on q and k")
+    if bool(c.n_experts) != experts:
+        raise ValueError(f"HF's {model_type} has {'routed experts' if experts else 'no routed experts'}")
+    if (c.qkv_bias, c.o_bias, c.mlp_bias) != biases:
+        raise ValueError(f"HF's {model_type} has no place for these biases (q/k/v {c.qkv_bias}, output {c.o_bias}, "
+                         f"MLP {c.mlp_bias})")
+    if c.sliding_window is not None and not window:
+        raise ValueError(f"HF's {model_type} has no sliding window on every layer")
+    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": c.rope_theta}
+    if c.rope_scaling is not None:
+        s = c.rope_scaling
+        if s.kind == "factors":  # a GGUF's rope_freqs: HF configs say it as the llama3 scaling that gives them
+            s = llama3_from_factors(s.factors, c.head_dim, c.rope_theta)
+        rope.update({"rope_type": s.kind, "factor": s.factor})
+        if s.kind == "llama3":
+            rope.update({"low_freq_factor": s.low_freq_factor, "high_freq_factor": s.high_freq_factor,
+                         "original_max_position_embeddings": s.original_context_length})
+    return {
+        "architectures": [hf_class], "model_type": model_type,
+        "vocab_size": c.vocab_size, "max_position_embeddings": c.context_length, "hidden_size": c.d_model,
+        "num_hidden_layers": c.n_layers, "num_attention_heads": c.n_heads, "num_key_value_heads": c.n_kv_heads,
+        "intermediate_size": c.d_ff, "head_dim": c.head_dim, "rms_norm_eps": c.norm_eps, "hidden_act": "silu",
+        "rope_parameters": rope, "tie_word_embeddings": c.tie_embeddings, "attention_bias": c.qkv_bias,
+        "mlp_bias": c.mlp_bias, "bos_token_id": c.bos_token_id, "eos_token_id": c.eos_token_id,
+        "sliding_window": c.sliding_window, "pad_token_id": None, "attention_dropout": c.attention_dropout,
+    }
+
+
+# (HF name under model.layers.{i}, ours under blocks.{i}) of the standard layer
+NORMS = [("input_layernorm.weight", "norm1.weight"), ("post_attention_layernorm.weight", "norm2.weight")]
+ATTENTION = [(f"self_attn.{n}_proj.{p}", f"attn.{n}.{p}") for n in "qkvo" for p in ("weight", "bias")]
+MLP = [(f"mlp.{n}_proj.{p}", f"mlp.{n}.{p}") for n in ("gate", "up", "down") for p in ("weight", "bias")]
+QK_NORM = [("self_attn.q_norm.weight", "attn.q_norm.weight"), ("self_attn.k_norm.weight", "attn.k_norm.weight")]
+
+
+def decoder_hf_keymap(config: LlamaConfig, model_type: str, layer: list[tuple[str, str]], fused: list[Rule] = (),
+                      fused_first: bool = False) -> KeyMap:
+    """HF names need no transform: HF's q/k rows are already in rotate-half order. Bias rows that the
+    config does not enable are absent from the model, and so reported if a file has them. ``layer``:
+    the (HF, ours) pairs under each layer; ``fused``: rows of tensors HF stores as one, listed after the
+    plain rows (``fused_first``: before them, so that the inverse names those)."""
+    head = (Tied("lm_head.weight", "tok_emb.weight") if config.tie_embeddings
+            else Map("lm_head.weight", "lm_head.weight"))
+    rows = [Map(f"model.layers.{{i}}.{src}", f"blocks.{{i}}.{dst}") for src, dst in layer]
+    return KeyMap(f"{model_type} (Hugging Face)", [
+        Map("model.embed_tokens.weight", "tok_emb.weight"),
+        *((list(fused) + rows) if fused_first else (rows + list(fused))),
+        Map("model.norm.weight", "norm_f.weight"),
+        head,
+        Drop("model.layers.{i}.self_attn.rotary_emb.inv_freq"),  # older files saved RoPE's buffer
+    ])
+
+
+def describe_decoder(cfg: LlamaConfig) -> list[str]:
+    """``trace``'s lines on how position enters, and what else the config turns on."""
+    scaling = f", {cfg.rope_scaling.kind} scaling" if cfg.rope_scaling else ""
+    lines = [f"position: no position embedding; RoPE (theta = {cfg.rope_theta:g}{scaling}) rotates Q and K "
+             f"inside every attention layer; GQA: {cfg.n_heads} query heads share {cfg.n_kv_heads} K/V heads"]
+    extras = [f"each position sees the last {cfg.sliding_window} only (sliding window)"] if cfg.sliding_window else []
+    extras += ["q and k heads RMS-normed before RoPE"] if cfg.qk_norm else []
+    extras += [f"MLP: {cfg.n_experts_used} of {cfg.n_experts} experts per token"] if cfg.n_experts else []
+    return lines + (["also: " + "; ".join(extras)] if extras else [])

@@ -1,0 +1,61 @@
+"""The families gptconv reads and writes: one file each, listed here, and the lookups the rest of
+gptconv uses instead of testing a family's name.
+
+A family file holds its config dataclass (or uses the shared decoder's), its presets with their Hub
+repos, its model where its steps differ from the shared parts (``gptconv/layers/``), its HF config
+parser and writer, its HF key table, its GGUF parser, metadata writer and key table, and one
+``FAMILY = Family(...)`` record (``base.py``). Adding a family is one new file and one line below.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import GptconvError, where
+from . import gemma3, gpt2, llama, mistral, mixtral, phi3, qwen2, qwen3
+from .base import Family, Preset
+
+FAMILIES: tuple[Family, ...] = (
+    gpt2.FAMILY,
+    llama.FAMILY,
+    mistral.FAMILY,
+    mixtral.FAMILY,
+    qwen2.FAMILY,
+    qwen3.FAMILY,
+    phi3.FAMILY,
+    gemma3.FAMILY,
+)
+
+BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES}
+BY_HF_TYPE: dict[str, Family] = {t: f for f in FAMILIES for t in f.hf_model_types}
+# llama.cpp's architecture → the families written as it (llama: Llama, Mistral, Mixtral)
+BY_GGUF_ARCH: dict[str, tuple[Family, ...]] = {a: tuple(f for f in FAMILIES if f.gguf_arch == a)
+                                               for a in dict.fromkeys(f.gguf_arch for f in FAMILIES)}
+PRESETS: dict[str, Preset] = {name: p for f in FAMILIES for name, p in f.presets.items()}
+
+
+def family_of(config: Any) -> Family:
+    """The family a config of ours belongs to (its ``family``)."""
+    return BY_NAME[config.family]
+
+
+def for_hf(model_type: str, origin: object) -> Family:
+    """The family that reads an HF config.json of ``model_type``; ``origin``: the file, for the error."""
+    if model_type not in BY_HF_TYPE:
+        raise GptconvError(f"{origin}: model_type '{model_type}' is not supported (supported: {', '.join(BY_HF_TYPE)})")
+    return BY_HF_TYPE[model_type]
+
+
+def for_gguf(fields: Any) -> Family:
+    """The family of a GGUF file, from its architecture (and, where families share one, its metadata)."""
+    arch = fields.arch
+    if arch not in BY_GGUF_ARCH:
+        raise GptconvError(f"{fields.path}: GGUF architecture '{arch}' is not supported "
+                           f"(supported: {', '.join(BY_GGUF_ARCH)})")
+    claiming = [f for f in BY_GGUF_ARCH[arch] if f.claims_gguf(fields)]
+    if len(claiming) != 1:  # the claims of one architecture's families exclude each other
+        raise where(fields.path, f"GGUF architecture '{arch}': {len(claiming)} families claim this file")
+    return claiming[0]
+
+
+__all__ = ["BY_GGUF_ARCH", "BY_HF_TYPE", "FAMILIES", "Family", "PRESETS", "Preset", "family_of", "for_gguf", "for_hf"]

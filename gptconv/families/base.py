@@ -1,0 +1,59 @@
+"""The record a family file fills in: everything gptconv does that depends on the family."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch.nn as nn
+
+from ..convert.keymap import KeyMap, TensorInfo
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A published model: its config (sizes checked against the published parameter count) and the
+    Hub repo that holds its weights (what ``gptconv pull NAME`` fetches)."""
+
+    config: Any
+    repo: str
+
+
+@dataclass(frozen=True)
+class Family:
+    """One family: its model code, its names in each format, and the functions between them.
+
+    ``name`` is the family's name in gptconv (a config's ``family``), and the HF ``model_type`` its HF
+    export writes; ``hf_model_types`` are those it reads. ``gguf_arch`` is llama.cpp's architecture
+    for it; where several families share one (llama.cpp's ``llama``: Llama, Mistral, Mixtral),
+    ``claims_gguf`` tells from the file's metadata which family a file is."""
+
+    name: str
+    config_class: type
+    model_class: type[nn.Module]
+    presets: dict[str, Preset]
+    # Hugging Face: config.json ⇄ config, and the key table for a config
+    hf_model_types: tuple[str, ...]
+    config_from_hf: Callable[[dict[str, Any], object], Any]
+    config_to_hf: Callable[[Any], dict[str, Any]]
+    hf_keymap: Callable[[Any], KeyMap]
+    # GGUF (llama.cpp): metadata + tensors → config, the key table, and the metadata to write
+    gguf_arch: str
+    config_from_gguf: Callable[[Any, dict[str, TensorInfo]], Any]
+    gguf_keymap: Callable[[Any], KeyMap]
+    gguf_metadata: Callable[[Any, Any], None]  # (GGUFWriter, config): the keys llama.cpp's converter writes
+    claims_gguf: Callable[[Any], bool] = lambda fields: True
+    # the names transformers' model class holds in memory, where they differ from its files' (experts fused)
+    hf_module_keymap: Callable[[Any], KeyMap] | None = None
+    # the (model_type, class) transformers' GGUF loader reads this family's files as, where not its own
+    transformers_reads_gguf_as: tuple[str, str] | None = None
+    # our step → transformers' module whose output it is, for verify's per-step comparison
+    hf_steps: dict[str, str] = field(default_factory=dict)
+    # one line for ``trace``: how position enters and what else this family does
+    describe: Callable[[Any], list[str]] = lambda config: []
+    # GGUF tokenizer rules of llama.cpp's converter for this family (``convert/hf_vocab.py``)
+    gguf_vocab: dict[str, Any] = field(default_factory=dict)
+
+    def build(self, config: Any) -> nn.Module:
+        return self.model_class(config)

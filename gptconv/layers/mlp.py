@@ -1,0 +1,74 @@
+"""The MLPs of a block, each (B, T, d) → (B, T, d): gated (SwiGLU, GeGLU) and routed (MoE).
+
+A gated MLP is down(act(gate(x)) ⊙ up(x)), d → d_ff → d; the activation names it. GPT-2's
+ungated GELU MLP lives with GPT-2 (``families/gpt2.py``), the one family that has it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .linear import Linear
+from .tap import Tap, no_tap
+
+
+def swiglu(x: torch.Tensor, gate: nn.Linear, up: nn.Linear, down: nn.Linear) -> torch.Tensor:
+    """down(silu(gate(x)) ⊙ up(x)): d → d_ff → d."""
+    return down(F.silu(gate(x)) * up(x))
+
+
+def geglu(x: torch.Tensor, gate: nn.Linear, up: nn.Linear, down: nn.Linear) -> torch.Tensor:
+    """down(gelu(gate(x)) ⊙ up(x)): d → d_ff → d, GELU in its tanh approximation (HF's gelu_pytorch_tanh)."""
+    return down(F.gelu(gate(x), approximate="tanh") * up(x))
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, d_model: int, d_ff: int, bias: bool = False) -> None:
+        super().__init__()
+        self.gate = Linear(d_model, d_ff, bias=bias)
+        self.up = Linear(d_model, d_ff, bias=bias)
+        self.down = Linear(d_ff, d_model, bias=bias)
+
+    def forward(self, x: torch.Tensor, tap: Tap = no_tap) -> torch.Tensor:
+        return swiglu(x, self.gate, self.up, self.down)
+
+
+class GeGLU(nn.Module):
+    def __init__(self, d_model: int, d_ff: int) -> None:
+        super().__init__()
+        self.gate = Linear(d_model, d_ff, bias=False)
+        self.up = Linear(d_model, d_ff, bias=False)
+        self.down = Linear(d_ff, d_model, bias=False)
+
+    def forward(self, x: torch.Tensor, tap: Tap = no_tap) -> torch.Tensor:
+        return geglu(x, self.gate, self.up, self.down)
+
+
+class MoE(nn.Module):
+    """A sparse MLP: a linear router scores the experts per token; the top ``top_k`` (by softmax
+    probability, renormalised to sum to 1) each run their SwiGLU on the token, and their outputs are
+    summed with those weights."""
+
+    def __init__(self, d_model: int, d_ff: int, n_experts: int, top_k: int) -> None:
+        super().__init__()
+        self.top_k = top_k
+        self.router = Linear(d_model, n_experts, bias=False)
+        self.experts = nn.ModuleList(SwiGLU(d_model, d_ff) for _ in range(n_experts))
+
+    def forward(self, x: torch.Tensor, tap: Tap = no_tap) -> torch.Tensor:
+        B, T, d = x.shape
+        x = x.reshape(B * T, d)                                     # (N, d): each token routed alone
+        scores = self.router(x)                                     # (N, E)
+        tap("router", scores)
+        probs = F.softmax(scores.float(), dim=-1)                   # (N, E), in float32 as HF does
+        weights, chosen = probs.topk(self.top_k, dim=-1)            # (N, k) each
+        weights = weights / weights.sum(-1, keepdim=True)           # the chosen k sum to 1
+        tap("chosen_experts", chosen)
+        out = torch.zeros_like(x)
+        for e, expert in enumerate(self.experts):
+            token, slot = (chosen == e).nonzero(as_tuple=True)      # the tokens that chose expert e
+            if token.numel():
+                out.index_add_(0, token, (expert(x[token]) * weights[token, slot, None]).to(x.dtype))
+        return out.view(B, T, d)

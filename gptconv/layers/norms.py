@@ -1,0 +1,46 @@
+"""Norms, named by convention: each takes (…, d) and returns (…, d) in the input's dtype.
+
+- ``rms_norm``: x / √(mean(x²) + eps) · w (Llama's convention: weights start at 1);
+- ``offset_rms_norm``: x / √(mean(x²) + eps) · (1 + w) (Gemma's convention: weights are stored as
+  their offset from 1, so a zero weight is the identity).
+LayerNorm (GPT-2) is torch's own ``nn.LayerNorm``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / √(mean(x²) + eps) · weight, the mean taken in float32 (as HF and llama.cpp do)."""
+    return weight * F.rms_norm(x.float(), (x.size(-1),), eps=eps).to(x.dtype)  # one fused op, same rounding
+
+
+def offset_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / √(mean(x²) + eps) · (1 + weight), all in float32 and rounded once at the end (as HF's
+    Gemma norms; ``rms_norm`` rounds before the weight)."""
+    return (F.rms_norm(x.float(), (x.size(-1),), eps=eps) * (1.0 + weight.float())).to(x.dtype)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, d: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.weight, self.eps)
+
+
+class OffsetRMSNorm(nn.Module):
+    """RMSNorm scaling by (1 + w)."""
+
+    def __init__(self, d: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(d))  # zero: the identity scale
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return offset_rms_norm(x, self.weight, self.eps)
