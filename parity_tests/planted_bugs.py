@@ -133,7 +133,8 @@ def interleaved_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> t
 
 
 def _interleaved(model: nn.Module, case: Case):
-    return _patch(_model_module(model), "rope", interleaved_rope)
+    import importlib
+    return _patch(importlib.import_module(type(_blocks(model)[0].attn).__module__), "rope", interleaved_rope)
 
 
 def _theta_10x(model: nn.Module, case: Case):

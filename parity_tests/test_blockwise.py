@@ -10,6 +10,7 @@ import torch
 import gptconv
 from gptconv import verify
 from gptconv.errors import GptconvError
+from gptconv.families import family_of
 from gptconv.loader import load_source, open_source
 from gptconv.reference import load_transformers_model, reference_steps, transformers_model
 from helpers import random_ids, run_cli
@@ -50,8 +51,9 @@ def test_only_one_block_is_in_memory_at_a_time(llamas):
         ids = random_ids(src.config.vocab_size, 16)
         torch.testing.assert_close(ours(ids), gptconv.load(llamas["llama2-mha"])(ids), rtol=0, atol=0)
         whole = load_transformers_model(llamas["llama2-mha"])
-        torch.testing.assert_close(reference_steps(ref, "llama", 2, ids)["logits"],
-                                   reference_steps(whole, "llama", 2, ids)["logits"], rtol=0, atol=0)
+        taps = family_of(src.config).hf_steps
+        torch.testing.assert_close(reference_steps(ref, taps, 2, ids)["logits"],
+                                   reference_steps(whole, taps, 2, ids)["logits"], rtol=0, atol=0)
 
 
 def test_streaming_a_gguf_reference_is_refused(smollm2):
@@ -82,9 +84,9 @@ def test_the_whole_reference_shares_our_weights(request, fixture, name, ours_nam
     for p in ref.parameters():
         assert not p.is_meta
     ids = random_ids(src.config.vocab_size, 16)
-    arch, n = src.arch, src.config.n_layers
-    torch.testing.assert_close(reference_steps(ref, arch, n, ids)["logits"],
-                               reference_steps(load_transformers_model(folder), arch, n, ids)["logits"], rtol=0, atol=0)
+    taps, n = family_of(src.config).hf_steps, src.config.n_layers
+    torch.testing.assert_close(reference_steps(ref, taps, n, ids)["logits"],
+                               reference_steps(load_transformers_model(folder), taps, n, ids)["logits"], rtol=0, atol=0)
 
 
 def test_the_whole_reference_falls_back_to_from_pretrained(ckpts):

@@ -18,6 +18,7 @@ import torch
 
 import gptconv
 from gptconv.api import _inputs
+from gptconv.families import family_of
 from gptconv.loader import open_source
 from gptconv.parity import TRUTH, compare, our_steps, sum_sq_diff
 from gptconv.reference import reference_steps, transformers_model
@@ -65,7 +66,7 @@ def references(request, family: str, dtype: str):
         runs = []
         for dt in (TRUTH, DTYPES[dtype]):
             hf = transformers_model(src, dt)
-            runs.append({n: reference_steps(hf, src.arch, src.config.n_layers, ids) for n, ids in inputs.items()})
+            runs.append({n: reference_steps(hf, family_of(src.config).hf_steps, src.config.n_layers, ids) for n, ids in inputs.items()})
             del hf
         _REFERENCES[key] = (src, inputs, *runs)
     return _REFERENCES[key]

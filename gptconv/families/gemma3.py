@@ -28,13 +28,13 @@ from ..convert.hf_config import ConfigFields, build_config
 from ..convert.hf_decoder import rope_from_hf
 from ..convert.keymap import KeyMap, Map, TensorInfo, Tied, Transform
 from ..errors import GptconvError, where
-from ..layers.attention import Padding, causal_attention
+from ..layers.attention import Attention, Padding
 from ..layers.config_checks import check_range, check_rope_heads, check_sizes
 from ..layers.kv_cache import KVCache
-from ..layers.linear import Linear, linear
+from ..layers.linear import linear
 from ..layers.mlp import GeGLU
 from ..layers.norms import OffsetRMSNorm
-from ..layers.rope import RopeScaling, rope, rope_angles, rope_frequencies
+from ..layers.rope import RopeScaling, rope_angles, rope_frequencies
 from ..layers.tap import Tap, no_tap
 from .base import Family, Preset
 
@@ -161,7 +161,10 @@ class Block(nn.Module):
         super().__init__()
         d, eps = config.d_model, config.norm_eps
         self.norm1, self.post_attn_norm = OffsetRMSNorm(d, eps), OffsetRMSNorm(d, eps)
-        self.attn = Attention(config, layer)
+        c = config
+        self.attn = Attention(d, c.n_heads, c.n_kv_heads, c.head_dim, qk_norm=lambda hd: OffsetRMSNorm(hd, eps),
+                              window=c.sliding_window if c.layer_types[layer] == SLIDING else None,
+                              scale=c.query_pre_attn_scalar**-0.5, dropout=c.attention_dropout)
         self.norm2, self.post_mlp_norm = OffsetRMSNorm(d, eps), OffsetRMSNorm(d, eps)
         self.mlp = GeGLU(config.d_model, config.d_ff)
 
@@ -174,38 +177,6 @@ class Block(nn.Module):
         h = self.post_mlp_norm(self.mlp(self.norm2(x)))                                   # (B, T, d)
         inner("post_feedforward_norm", h)
         return x + h
-
-
-class Attention(nn.Module):
-    def __init__(self, config: Gemma3Config, layer: int) -> None:
-        super().__init__()
-        c = config
-        self.n_heads, self.n_kv_heads, self.head_dim = c.n_heads, c.n_kv_heads, c.head_dim
-        self.q = Linear(c.d_model, c.n_heads * c.head_dim, bias=False)
-        self.k = Linear(c.d_model, c.n_kv_heads * c.head_dim, bias=False)
-        self.v = Linear(c.d_model, c.n_kv_heads * c.head_dim, bias=False)
-        self.o = Linear(c.n_heads * c.head_dim, c.d_model, bias=False)
-        self.q_norm = OffsetRMSNorm(c.head_dim, c.norm_eps)  # per head, shared by all heads
-        self.k_norm = OffsetRMSNorm(c.head_dim, c.norm_eps)
-        self.window = c.sliding_window if c.layer_types[layer] == SLIDING else None
-        self.scale = c.query_pre_attn_scalar**-0.5
-        self.dropout = c.attention_dropout
-
-    def forward(self, x, cos, sin, layer: int, cache: KVCache | None, tap: Tap = no_tap,
-                pad: Padding | None = None) -> torch.Tensor:
-        B, T, _ = x.shape
-        q = self.q(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)     # (B, h, T, hd)
-        k = self.k(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, h_kv, T, hd)
-        v = self.v(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, h_kv, T, hd)
-        q, k = self.q_norm(q), self.k_norm(k)                      # each head RMS-normed
-        tap("q_norm", q)                                            # (B, h, T, hd), as HF's q_norm gives it
-        tap("k_norm", k)
-        q, k = rope(q, cos, sin), rope(k, cos, sin)                # position enters here, and only here
-        if cache is not None:
-            k, v = cache.update(layer, k, v)                        # (B, h_kv, past + T, hd): every past position
-        p = self.dropout if self.training else 0.0
-        y = causal_attention(q, k, v, k.size(2) - T, p, self.window, self.scale, pad)  # (B, h, T, hd)
-        return self.o(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
 
 
 def soft_cap(x: torch.Tensor, cap: float) -> torch.Tensor:

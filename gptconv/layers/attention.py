@@ -1,10 +1,18 @@
-"""Causal scaled dot-product attention over (optionally cached) keys and values, and the padding
-of a batch whose sequences differ in length."""
+"""Attention: the one attention layer of the RoPE families (``Attention``), causal scaled dot-product
+attention over (optionally cached) keys and values, and the padding of a batch whose sequences differ
+in length."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
+
+from .linear import Linear
+from .rope import rope
+from .tap import Tap, no_tap
 
 
 class Padding:
@@ -101,3 +109,41 @@ def attention_mask(t: int, past: int, window: int | None, device: torch.device) 
     if window is not None:
         visible &= rows - cols < window
     return visible
+
+
+class Attention(nn.Module):
+    """Grouped-query attention with RoPE: q, k, v projections (n_kv_heads ≤ n_heads K/V heads, each shared
+    by n_heads / n_kv_heads query heads), an optional norm on each q and k head before RoPE, the cache,
+    causal attention within an optional ``window``, scores × ``scale`` (None: head_dim^-½), the output
+    projection. What a family varies is what it passes: biases, the head norm (``qk_norm``: a norm
+    module's class, built for head_dim), the window of this layer, the scale."""
+
+    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, head_dim: int, *, qkv_bias: bool = False,
+                 o_bias: bool = False, qk_norm: Callable[[int], nn.Module] | None = None, window: int | None = None,
+                 scale: float | None = None, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
+        self.q = Linear(d_model, n_heads * head_dim, bias=qkv_bias)
+        self.k = Linear(d_model, n_kv_heads * head_dim, bias=qkv_bias)
+        self.v = Linear(d_model, n_kv_heads * head_dim, bias=qkv_bias)
+        self.o = Linear(n_heads * head_dim, d_model, bias=o_bias)
+        self.q_norm = qk_norm(head_dim) if qk_norm else None  # per head, shared by all heads
+        self.k_norm = qk_norm(head_dim) if qk_norm else None
+        self.window, self.scale, self.dropout = window, scale, dropout
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layer: int, cache, tap: Tap = no_tap,
+                pad: Padding | None = None) -> torch.Tensor:
+        B, T, _ = x.shape
+        q = self.q(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)     # (B, h, T, hd)
+        k = self.k(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, h_kv, T, hd)
+        v = self.v(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, h_kv, T, hd)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)                   # each head normed
+            tap("q_norm", q)                                        # (B, h, T, hd)
+            tap("k_norm", k)
+        q, k = rope(q, cos, sin), rope(k, cos, sin)                # position enters here, and only here
+        if cache is not None:
+            k, v = cache.update(layer, k, v)                        # (B, h_kv, past + T, hd)
+        p = self.dropout if self.training else 0.0
+        y = causal_attention(q, k, v, k.size(2) - T, p, self.window, self.scale, pad)  # (B, h, T, hd): GQA shares K/V
+        return self.o(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))

@@ -15,13 +15,13 @@ import torch
 import torch.nn as nn
 
 from ..errors import GptconvError
-from .attention import Padding, causal_attention
+from .attention import Attention, Padding
 from .config_checks import check_range, check_rope_heads, check_sizes, refuse_training
 from .kv_cache import KVCache
 from .linear import Linear, linear
 from .mlp import MoE, SwiGLU
 from .norms import RMSNorm
-from .rope import RopeScaling, rope, rope_angles, rope_frequencies
+from .rope import RopeScaling, rope_angles, rope_frequencies
 from .tap import Tap, no_tap
 
 
@@ -129,7 +129,10 @@ class Block(nn.Module):
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
         self.norm1 = RMSNorm(config.d_model, config.norm_eps)
-        self.attn = Attention(config)
+        c = config
+        self.attn = Attention(c.d_model, c.n_heads, c.n_kv_heads, c.head_dim, qkv_bias=c.qkv_bias, o_bias=c.o_bias,
+                              qk_norm=(lambda d: RMSNorm(d, c.norm_eps)) if c.qk_norm else None,
+                              window=c.sliding_window, dropout=c.attention_dropout)
         self.norm2 = RMSNorm(config.d_model, config.norm_eps)
         self.mlp = (MoE(config.d_model, config.d_ff, config.n_experts, config.n_experts_used) if config.n_experts
                     else SwiGLU(config.d_model, config.d_ff, config.mlp_bias))
@@ -139,35 +142,3 @@ class Block(nn.Module):
         inner = no_tap if tap is no_tap else (lambda name, t: tap(f"block.{layer}.{name}", t))  # steps inside
         x = x + self.attn(self.norm1(x), cos, sin, layer, cache, inner, pad)
         return x + self.mlp(self.norm2(x), inner)
-
-
-class Attention(nn.Module):
-    def __init__(self, config: LlamaConfig) -> None:
-        super().__init__()
-        c = config
-        self.n_heads, self.n_kv_heads, self.head_dim = c.n_heads, c.n_kv_heads, c.head_dim
-        self.q = Linear(c.d_model, c.n_heads * c.head_dim, bias=c.qkv_bias)
-        self.k = Linear(c.d_model, c.n_kv_heads * c.head_dim, bias=c.qkv_bias)
-        self.v = Linear(c.d_model, c.n_kv_heads * c.head_dim, bias=c.qkv_bias)
-        self.o = Linear(c.n_heads * c.head_dim, c.d_model, bias=c.o_bias)
-        self.q_norm = RMSNorm(c.head_dim, c.norm_eps) if c.qk_norm else None  # per head, shared by all heads
-        self.k_norm = RMSNorm(c.head_dim, c.norm_eps) if c.qk_norm else None
-        self.window = c.sliding_window
-        self.dropout = c.attention_dropout
-
-    def forward(self, x, cos, sin, layer: int, cache: KVCache | None, tap: Tap = no_tap,
-                pad: Padding | None = None) -> torch.Tensor:
-        B, T, _ = x.shape
-        q = self.q(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)     # (B, h, T, hd)
-        k = self.k(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, h_kv, T, hd)
-        v = self.v(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, h_kv, T, hd)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)                   # each head RMS-normed
-            tap("q_norm", q.transpose(1, 2))                        # (B, T, h, hd), as HF's q_norm gives it
-            tap("k_norm", k.transpose(1, 2))
-        q, k = rope(q, cos, sin), rope(k, cos, sin)                # position enters here, and only here
-        if cache is not None:
-            k, v = cache.update(layer, k, v)                        # (B, h_kv, past + T, hd)
-        p = self.dropout if self.training else 0.0
-        y = causal_attention(q, k, v, k.size(2) - T, p, self.window, padding=pad)  # (B, h, T, hd): GQA shares K/V
-        return self.o(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
