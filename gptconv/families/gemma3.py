@@ -28,13 +28,14 @@ from ..convert.hf_config import ConfigFields, build_config
 from ..convert.hf_decoder import rope_from_hf
 from ..convert.keymap import KeyMap, Map, TensorInfo, Tied, Transform
 from ..errors import GptconvError, where
-from ..layers.attention import Attention, Padding
+from ..layers.attention import Attention
 from ..layers.config_checks import check_range, check_rope_heads, check_sizes
 from ..layers.kv_cache import KVCache
 from ..layers.linear import linear
 from ..layers.mlp import GeGLU
 from ..layers.norms import OffsetRMSNorm
-from ..layers.rope import RopeScaling, rope_angles, rope_frequencies
+from ..layers.rope import RopeScaling, rope_frequencies
+from ..layers.step import Step
 from ..layers.tap import Tap, no_tap
 from .base import Family, Preset
 
@@ -123,20 +124,14 @@ class Gemma3(nn.Module):
         """Token ids (B, T) → logits (B, T, V), or (B, 1, V) with ``last_only``. ``attention_mask``
         (B, T), 0 at pad tokens (left or right): each sequence gets the logits it gets alone."""
         c = self.config
-        B, T = ids.shape
-        start = cache.pos if cache is not None else 0
-        pad = Padding.of(attention_mask, cache, B, T, ids.device)   # None: nothing padded
-        n = Padding.reach(pad, start, T)
-        if n > c.context_length:
-            raise GptconvError(f"{n} positions asked for; the model has {c.context_length}")
+        step = Step.begin(ids, cache, attention_mask, tap, c.context_length)
         # √d rounded to the weights' dtype first, as HF does (in bfloat16 √640 is 25.25, not 25.298)
         x = self.tok_emb(ids) * torch.tensor(c.d_model**0.5).to(self.tok_emb.weight.dtype)  # (B, T, d)
         tap("token_embedding", x)
-        positions = Padding.positions_of(pad)
-        angles = {kind: rope_angles(self.inv_freq(kind, ids.device), start, T, x.dtype, positions)  # (T, hd) each,
-                  for kind in set(c.layer_types)}                        # local and global RoPE; (B, 1, T, hd) padded
+        angles = {kind: step.angles(self.inv_freq(kind, ids.device), x.dtype)  # (T, hd) each: local and global
+                  for kind in set(c.layer_types)}
         for i, block in enumerate(self.blocks):
-            x = block(x, *angles[c.layer_types[i]], i, cache, tap, pad)  # (B, T, d)
+            x = block(x, step.at(i, angles[c.layer_types[i]]))      # (B, T, d)
             tap(f"block.{i}", x)
         if last_only:
             x = x[:, -1:]                                           # (B, 1, d): only the next token matters
@@ -168,14 +163,12 @@ class Block(nn.Module):
         self.norm2, self.post_mlp_norm = OffsetRMSNorm(d, eps), OffsetRMSNorm(d, eps)
         self.mlp = GeGLU(config.d_model, config.d_ff)
 
-    def forward(self, x, cos, sin, layer: int, cache: KVCache | None, tap: Tap = no_tap,
-                pad: Padding | None = None) -> torch.Tensor:
-        inner = no_tap if tap is no_tap else (lambda name, t: tap(f"block.{layer}.{name}", t))  # steps inside
-        h = self.post_attn_norm(self.attn(self.norm1(x), cos, sin, layer, cache, inner, pad))  # (B, T, d)
-        inner("post_attention_norm", h)
+    def forward(self, x: torch.Tensor, step: Step) -> torch.Tensor:
+        h = self.post_attn_norm(self.attn(self.norm1(x), step))    # (B, T, d)
+        step.tap("post_attention_norm", h)
         x = x + h
-        h = self.post_mlp_norm(self.mlp(self.norm2(x)))                                   # (B, T, d)
-        inner("post_feedforward_norm", h)
+        h = self.post_mlp_norm(self.mlp(self.norm2(x)))             # (B, T, d)
+        step.tap("post_feedforward_norm", h)
         return x + h
 
 

@@ -18,11 +18,11 @@ from gguf import Keys
 from ..convert.gguf_meta import T, gguf_config, gguf_name
 from ..convert.hf_config import ConfigFields, build_config
 from ..convert.keymap import TRANSPOSE, Drop, KeyMap, Map, TensorInfo, Tied
-from ..errors import GptconvError
-from ..layers.attention import Padding, causal_attention
+from ..layers.attention import causal_attention
 from ..layers.config_checks import check_range, check_sizes
 from ..layers.kv_cache import KVCache
 from ..layers.linear import Linear, linear
+from ..layers.step import Step
 from ..layers.tap import Tap, no_tap
 from .base import Family, Preset
 
@@ -91,21 +91,15 @@ class GPT2(nn.Module):
     ) -> torch.Tensor:
         """Token ids (B, T) → logits (B, T, V), or (B, 1, V) with ``last_only``. ``attention_mask``
         (B, T), 0 at pad tokens (left or right): each sequence gets the logits it gets alone."""
-        B, T = ids.shape
-        start = cache.pos if cache is not None else 0
-        pad = Padding.of(attention_mask, cache, B, T, ids.device)   # None: nothing padded
-        n = Padding.reach(pad, start, T)
-        if n > self.config.context_length:
-            raise GptconvError(f"{n} positions asked for; the model has {self.config.context_length}")
+        step = Step.begin(ids, cache, attention_mask, tap, self.config.context_length)
         x = self.tok_emb(ids)                                       # (B, T, d)
         tap("token_embedding", x)
-        positions = torch.arange(start, start + T, device=ids.device) if pad is None else pad.positions
-        x = x + self.pos_emb(positions)                             # (B, T, d)
+        x = x + self.pos_emb(step.positions)                        # (B, T, d): learned positions
         tap("position_embedding", x)
         x = self.drop(x)
         tap("embedding_dropout", x)
         for i, block in enumerate(self.blocks):
-            x = block(x, i, cache, pad)                             # (B, T, d)
+            x = block(x, step.at(i))                                # (B, T, d)
             tap(f"block.{i}", x)
         if last_only:
             x = x[:, -1:]                                           # (B, 1, d): only the next token matters
@@ -124,8 +118,8 @@ class Block(nn.Module):
         self.norm2 = nn.LayerNorm(config.d_model, eps=config.norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, layer: int, cache: KVCache | None, pad: Padding | None = None) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x), layer, cache, pad)
+    def forward(self, x: torch.Tensor, step: Step) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x), step)
         return x + self.mlp(self.norm2(x))
 
 
@@ -138,15 +132,15 @@ class SelfAttention(nn.Module):
         self.attn_dropout = config.attn_dropout
         self.resid_drop = nn.Dropout(config.resid_dropout)
 
-    def forward(self, x: torch.Tensor, layer: int, cache: KVCache | None, pad: Padding | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, step: Step) -> torch.Tensor:
         B, T, d = x.shape
         q, k, v = self.qkv(x).split(d, dim=-1)                      # 3 × (B, T, d)
         q, k, v = (t.view(B, T, self.n_heads, self.head_dim).transpose(1, 2) for t in (q, k, v))  # (B, h, T, hd)
-        if cache is not None:
-            k, v = cache.update(layer, k, v)                        # (B, h, past + T, hd)
+        if step.cache is not None:
+            k, v = step.cache.update(step.layer, k, v)              # (B, h, past + T, hd)
         past = k.size(2) - T
         p = self.attn_dropout if self.training else 0.0
-        y = causal_attention(q, k, v, past, dropout_p=p, padding=pad)  # (B, h, T, hd)
+        y = causal_attention(q, k, v, past, dropout_p=p, padding=step.pad)  # (B, h, T, hd)
         y = y.transpose(1, 2).reshape(B, T, d)                      # (B, T, d)
         return self.resid_drop(self.proj(y))
 

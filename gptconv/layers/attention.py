@@ -12,7 +12,6 @@ import torch.nn.functional as F
 
 from .linear import Linear
 from .rope import rope
-from .tap import Tap, no_tap
 
 
 class Padding:
@@ -131,19 +130,19 @@ class Attention(nn.Module):
         self.k_norm = qk_norm(head_dim) if qk_norm else None
         self.window, self.scale, self.dropout = window, scale, dropout
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layer: int, cache, tap: Tap = no_tap,
-                pad: Padding | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, step) -> torch.Tensor:
+        """(B, T, d) → (B, T, d) at ``step`` (a ``layers.step.Step`` at this layer: angles, cache, padding, tap)."""
         B, T, _ = x.shape
         q = self.q(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)     # (B, h, T, hd)
         k = self.k(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, h_kv, T, hd)
         v = self.v(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, h_kv, T, hd)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)                   # each head normed
-            tap("q_norm", q)                                        # (B, h, T, hd)
-            tap("k_norm", k)
-        q, k = rope(q, cos, sin), rope(k, cos, sin)                # position enters here, and only here
-        if cache is not None:
-            k, v = cache.update(layer, k, v)                        # (B, h_kv, past + T, hd)
+            step.tap("q_norm", q)                                   # (B, h, T, hd)
+            step.tap("k_norm", k)
+        q, k = rope(q, step.cos, step.sin), rope(k, step.cos, step.sin)  # position enters here, and only here
+        if step.cache is not None:
+            k, v = step.cache.update(step.layer, k, v)              # (B, h_kv, past + T, hd)
         p = self.dropout if self.training else 0.0
-        y = causal_attention(q, k, v, k.size(2) - T, p, self.window, self.scale, pad)  # (B, h, T, hd): GQA shares K/V
+        y = causal_attention(q, k, v, k.size(2) - T, p, self.window, self.scale, step.pad)  # (B, h, T, hd): GQA shares K/V
         return self.o(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))

@@ -14,14 +14,14 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from ..errors import GptconvError
-from .attention import Attention, Padding
+from .attention import Attention
 from .config_checks import check_range, check_rope_heads, check_sizes, refuse_training
 from .kv_cache import KVCache
 from .linear import Linear, linear
 from .mlp import MoE, SwiGLU
 from .norms import RMSNorm
-from .rope import RopeScaling, rope_angles, rope_frequencies
+from .rope import RopeScaling, rope_frequencies
+from .step import Step
 from .tap import Tap, no_tap
 
 
@@ -89,16 +89,12 @@ class Llama(nn.Module):
     ) -> torch.Tensor:
         """Token ids (B, T) → logits (B, T, V), or (B, 1, V) with ``last_only``. ``attention_mask``
         (B, T), 0 at pad tokens (left or right): each sequence gets the logits it gets alone."""
-        B, T = ids.shape
-        start = cache.pos if cache is not None else 0
-        pad = Padding.of(attention_mask, cache, B, T, ids.device)   # None: nothing padded
-        self._check_length(Padding.reach(pad, start, T))
+        step = Step.begin(ids, cache, attention_mask, tap, self.config.context_length)
         x = self.tok_emb(ids)                                       # (B, T, d): no position embedding
         tap("token_embedding", x)
-        # (T, hd), or (B, 1, T, hd) when padded: used inside attention
-        cos, sin = rope_angles(self.inv_freq(ids.device), start, T, x.dtype, Padding.positions_of(pad))
+        angles = step.angles(self.inv_freq(ids.device), x.dtype)   # (T, hd) each: used inside attention
         for i, block in enumerate(self.blocks):
-            x = block(x, cos, sin, i, cache, tap, pad)              # (B, T, d)
+            x = block(x, step.at(i, angles))                        # (B, T, d)
             tap(f"block.{i}", x)
         if last_only:
             x = x[:, -1:]                                           # (B, 1, d): only the next token matters
@@ -119,11 +115,6 @@ class Llama(nn.Module):
             self._inv_freq[device] = rope_frequencies(c.head_dim, c.rope_theta, c.rope_scaling).to(device)
         return self._inv_freq[device]
 
-    def _check_length(self, n: int) -> None:
-        c = self.config
-        if n > c.context_length:
-            raise GptconvError(f"{n} positions asked for; the model has {c.context_length}")
-
 
 class Block(nn.Module):
     def __init__(self, config: LlamaConfig) -> None:
@@ -137,8 +128,6 @@ class Block(nn.Module):
         self.mlp = (MoE(config.d_model, config.d_ff, config.n_experts, config.n_experts_used) if config.n_experts
                     else SwiGLU(config.d_model, config.d_ff, config.mlp_bias))
 
-    def forward(self, x, cos, sin, layer: int, cache: KVCache | None, tap: Tap = no_tap,
-                pad: Padding | None = None) -> torch.Tensor:
-        inner = no_tap if tap is no_tap else (lambda name, t: tap(f"block.{layer}.{name}", t))  # steps inside
-        x = x + self.attn(self.norm1(x), cos, sin, layer, cache, inner, pad)
-        return x + self.mlp(self.norm2(x), inner)
+    def forward(self, x: torch.Tensor, step: Step) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x), step)                      # (B, T, d)
+        return x + self.mlp(self.norm2(x), step.tap)
