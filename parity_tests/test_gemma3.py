@@ -76,8 +76,8 @@ def test_kv_cache_generation_equals_recompute_and_transformers(gemma3):
 
 
 def test_chunks_through_the_cache_match_one_pass(gemma3):
-    """Prefill in chunks (shorter and longer than the window) and single steps: local layers apply
-    their window to keys the cache keeps whole (the global layer needs them all)."""
+    """Prefill in chunks (shorter and longer than the window) and single steps: no window is shared by
+    every layer (the global layer needs every key); each local layer's slot keeps its own window."""
     model = gptconv.load(gemma3)
     ids = random_ids(model.config.vocab_size, model.config.context_length, batch=1, seed=3)
     with torch.no_grad():
@@ -91,6 +91,38 @@ def test_chunks_through_the_cache_match_one_pass(gemma3):
             at += size
         parts.append(model(ids[:, at:], cache=cache))
     assert_fp32_parity(torch.cat(parts, 1), whole, "gemma3 chunked through the cache")
+
+
+def test_each_layer_keeps_its_own_state(gemma3):
+    """The cache is a slot per layer, made by the layer's attention: generating token by token far past
+    the window, each local layer keeps about twice its window (older keys forgotten), the global layer
+    every position, and the logits are those of one pass."""
+    model = gptconv.load(gemma3)
+    c = model.config
+    ids = random_ids(c.vocab_size, c.context_length, batch=1, seed=4)
+    with torch.no_grad():
+        whole = model(ids)
+        cache = KVCache.for_model(model, batch=1, max_len=ids.shape[1], reserve=4)
+        steps = [model(ids[:, i:i + 1], cache=cache) for i in range(ids.shape[1])]
+    assert_fp32_parity(torch.cat(steps, 1), whole, "gemma3 token by token")
+    for kind, slot in zip(c.layer_types, cache.layers):
+        if kind == SLIDING:
+            assert slot.window == c.sliding_window and slot.capacity <= 2 * c.sliding_window and slot.offset > 0
+        else:
+            assert slot.window is None and slot.capacity >= ids.shape[1] and slot.offset == 0
+
+
+def test_the_cache_of_gemma_3_1b_at_its_full_context():
+    """Memory of the state, from the slots' shapes on the meta device (nothing allocated): 22 local
+    layers hold 2 × 512 positions, 4 global layers all 32,768."""
+    model = build_empty(PRESETS["gemma-3-1b"])
+    cache = KVCache.for_model(model, batch=1, max_len=32768)
+    per_position = 2 * 1 * 256 * 4  # K and V, one K/V head of 256, float32
+    held = sum(s.k.nelement() + s.v.nelement() for s in cache.layers) * 4
+    everything = 26 * 32768 * per_position
+    print(f"\ngemma-3-1b, 32,768 positions, float32: {held / 2**20:.0f} MiB of K/V (every layer whole: "
+          f"{everything / 2**20:.0f} MiB)")
+    assert held == (4 * 32768 + 22 * 1024) * per_position
 
 
 def test_hf_export_round_trip_is_bit_exact(gemma3, tmp_path):

@@ -405,7 +405,7 @@ def test_kv_cache_reserve_and_growth(ckpts):
     model = gptconv.load(ckpts["tiny"])
     cfg = model.config
     huge = gptconv.KVCache(cfg.n_layers, 1, cfg.n_kv_heads, 2**24, cfg.head_dim, reserve=8)
-    assert huge.k.shape[3] == 8 and huge.v.shape[3] == 8  # not 2^24 positions
+    assert all(s.k.shape[2] == 8 and s.v.shape[2] == 8 for s in huge.layers)  # not 2^24 positions
     prompt, n = [5, 17, 3, 99, 42], 60
     full = gptconv.KVCache(cfg.n_layers, 1, cfg.n_kv_heads, len(prompt) + n, cfg.head_dim, reserve=None)
     expected = _greedy(model, prompt, n, full)

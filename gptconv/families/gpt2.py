@@ -20,7 +20,7 @@ from ..convert.hf_config import ConfigFields, build_config
 from ..convert.keymap import TRANSPOSE, Drop, KeyMap, Map, TensorInfo, Tied
 from ..layers.attention import causal_attention
 from ..layers.config_checks import check_range, check_sizes
-from ..layers.kv_cache import KVCache
+from ..layers.kv_cache import KVCache, LayerKV
 from ..layers.linear import Linear, linear
 from ..layers.step import Step
 from ..layers.tap import Tap, no_tap
@@ -131,6 +131,11 @@ class SelfAttention(nn.Module):
         self.proj = Linear(config.d_model, config.d_model)
         self.attn_dropout = config.attn_dropout
         self.resid_drop = nn.Dropout(config.resid_dropout)
+
+    def make_state(self, batch: int, max_len: int, dtype: torch.dtype, device: torch.device,
+                   reserve: int | None) -> LayerKV:
+        """This layer's slot in the cache: its keys and values (one K/V head per query head)."""
+        return LayerKV(batch, self.n_heads, self.head_dim, max_len, dtype, device, reserve)
 
     def forward(self, x: torch.Tensor, step: Step) -> torch.Tensor:
         B, T, d = x.shape

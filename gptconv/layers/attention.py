@@ -10,6 +10,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .kv_cache import LayerKV
 from .linear import Linear
 from .rope import rope
 
@@ -129,6 +130,11 @@ class Attention(nn.Module):
         self.q_norm = qk_norm(head_dim) if qk_norm else None  # per head, shared by all heads
         self.k_norm = qk_norm(head_dim) if qk_norm else None
         self.window, self.scale, self.dropout = window, scale, dropout
+
+    def make_state(self, batch: int, max_len: int, dtype: torch.dtype, device: torch.device,
+                   reserve: int | None) -> LayerKV:
+        """This layer's slot in the cache: its keys and values, within its window."""
+        return LayerKV(batch, self.n_kv_heads, self.head_dim, max_len, dtype, device, reserve, self.window)
 
     def forward(self, x: torch.Tensor, step) -> torch.Tensor:
         """(B, T, d) → (B, T, d) at ``step`` (a ``layers.step.Step`` at this layer: angles, cache, padding, tap)."""

@@ -1,19 +1,73 @@
-"""A key/value cache, so generation runs the trace with T = 1.
+"""The per-layer state generation runs through, so it runs the trace with T = 1.
 
-Layout per layer: (B, n_kv_heads, capacity, head_dim). Keys are stored after RoPE (Llama),
-so a cached key never needs rotating again. The cache holds at most ``max_len`` positions; its
-storage starts at ``reserve`` positions and doubles when a step needs more, so a long ``-n`` on a
-long-context model costs memory only for the positions actually generated.
+``KVCache`` holds one slot per layer, each made by that layer's attention (``make_state``): a
+``LayerKV`` with the layer's own window (mlx-lm's ``make_prompt_cache`` does the same). Later kinds of
+layer bring other slots (a latent cache, a recurrent state, a shared KV); the cache only keeps them in
+order, counts the positions stored and, for a padded batch, which keys are real.
 
-With a sliding ``window`` (every layer attends to its last ``window`` positions only, as in
-Mistral) the cache keeps no more than a query can still see: when the storage is full, the last
-window − 1 positions move to its front and the older ones are forgotten, so memory stays within
-about twice the window however long the generation runs. Slot 0 then holds position ``offset``.
+A ``LayerKV`` stores (B, n_kv_heads, capacity, head_dim) keys (after RoPE, so a cached key never
+needs rotating again) and values, at most ``max_len`` positions; its storage starts at ``reserve``
+positions and doubles when a step needs more, so a long ``-n`` on a long-context model costs memory
+only for the positions actually generated. With a sliding ``window`` (the layer attends to its last
+``window`` positions only: Mistral's every layer, Gemma's local ones) it keeps no more than a query can
+still see: when the storage is full, the last window − 1 positions move to its front and the older
+ones are forgotten, so its memory stays within about twice the window however long the generation
+runs. Its slot 0 then holds position ``offset``.
 """
 
 from __future__ import annotations
 
 import torch
+
+
+class LayerKV:
+    """One attention layer's keys and values."""
+
+    def __init__(self, batch: int, n_kv_heads: int, head_dim: int, max_len: int, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str = "cpu", reserve: int | None = None, window: int | None = None) -> None:
+        self.max_len, self.window = max_len, window
+        capacity = max_len if reserve is None else max(1, min(reserve, max_len))
+        if window is not None:
+            capacity = min(capacity, 2 * window)
+        self.k = torch.zeros((batch, n_kv_heads, capacity, head_dim), dtype=dtype, device=device)
+        self.v = torch.zeros_like(self.k)
+        self.offset = 0  # the position slot 0 holds (0 unless a window let older positions go)
+
+    @property
+    def capacity(self) -> int:
+        return self.k.size(2)
+
+    def store(self, pos: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store the (B, n_kv, T, hd) keys/values of positions pos … pos + T − 1; return those the step's
+        queries can see: (B, n_kv, past + T, hd), the new ones last."""
+        end = pos + k.size(2)
+        if end - self.offset > self.capacity:
+            self._make_room(pos, end)
+        first = 0 if self.window is None else max(0, pos - self.offset - (self.window - 1))  # the first query's reach
+        self.k[:, :, pos - self.offset:end - self.offset] = k
+        self.v[:, :, pos - self.offset:end - self.offset] = v
+        return self.k[:, :, first:end - self.offset], self.v[:, :, first:end - self.offset]
+
+    def _make_room(self, pos: int, end: int) -> None:
+        """Forget what no query can see any more (windowed), then grow if the step still does not fit."""
+        if self.window is not None:
+            keep_from = max(self.offset, pos - (self.window - 1))
+            if keep_from > self.offset:
+                kept = pos - keep_from
+                for store in (self.k, self.v):
+                    store[:, :, :kept] = store[:, :, keep_from - self.offset:pos - self.offset].clone()
+                self.offset = keep_from
+        need = end - self.offset
+        if need > self.capacity:
+            limit = self.max_len if self.window is None else min(self.max_len, max(need, 2 * self.window))
+            self.grow(min(limit, max(need, 2 * self.capacity)))
+
+    def grow(self, capacity: int) -> None:
+        for name in ("k", "v"):
+            old = getattr(self, name)
+            new = old.new_zeros((*old.shape[:2], capacity, old.size(3)))
+            new[:, :, :old.size(2)] = old
+            setattr(self, name, new)
 
 
 class KVCache:
@@ -28,31 +82,40 @@ class KVCache:
         device: torch.device | str = "cpu",
         reserve: int | None = None,
         window: int | None = None,
+        layers: list[LayerKV] | None = None,
     ) -> None:
+        """A cache of ``n_layers`` alike slots; or, given ``layers``, of those (``for_model``)."""
         self.max_len = max_len
-        self.window = window
-        capacity = max_len if reserve is None else max(1, min(reserve, max_len))
-        if window is not None:
-            capacity = min(capacity, 2 * window)
-        self.k = torch.zeros((n_layers, batch, n_kv_heads, capacity, head_dim), dtype=dtype, device=device)
-        self.v = torch.zeros_like(self.k)
+        self.layers = layers if layers is not None else [
+            LayerKV(batch, n_kv_heads, head_dim, max_len, dtype, device, reserve, window) for _ in range(n_layers)]
         self.pos = 0  # how many positions are already stored
-        self.offset = 0  # the position slot 0 holds (0 unless a window let older positions go)
         self._next_layer = 0  # the layer whose keys/values come next in this step
-        # a padded batch (``pad_step``): per slot, a real token or a pad, and its position in its sequence
+        # a padded batch (``pad_step``): per position, a real token or a pad, and its position in its sequence
         self.mask: torch.Tensor | None = None
         self.positions: torch.Tensor | None = None
 
     @classmethod
     def for_model(cls, model: torch.nn.Module, batch: int, max_len: int, reserve: int | None = None) -> KVCache:
-        cfg = model.config
+        """A slot per layer, each made by the layer's attention for itself (its heads, its window)."""
         weight = next(model.parameters())
-        return cls(cfg.n_layers, batch, cfg.n_kv_heads, max_len, cfg.head_dim, weight.dtype, weight.device, reserve,
-                   cache_window(cfg))
+        layers = [block.attn.make_state(batch, max_len, weight.dtype, weight.device, reserve) for block in model.blocks]
+        return cls(len(layers), batch, 0, max_len, 0, layers=layers)
+
+    @property
+    def window(self) -> int | None:
+        """The window every layer keeps, or None where some layer keeps everything."""
+        windows = {slot.window for slot in self.layers}
+        return windows.pop() if len(windows) == 1 else None
 
     @property
     def capacity(self) -> int:
-        return self.k.size(3)
+        """The most positions a layer holds now."""
+        return max(slot.capacity for slot in self.layers)
+
+    @property
+    def offset(self) -> int:
+        """The oldest position every layer still holds."""
+        return min(slot.offset for slot in self.layers)
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store the new (B, n_kv, T, hd) keys/values of ``layer``; return the keys/values this step's
@@ -62,21 +125,11 @@ class KVCache:
         if layer != self._next_layer:
             raise ValueError(f"KV cache: layer {layer} stored where layer {self._next_layer} was expected "
                              "(every layer stores each step once, in order)")
-        t = k.size(2)
-        end = self.pos + t
+        end = self.pos + k.size(2)
         if end > self.max_len:
             raise ValueError(f"KV cache holds {self.max_len} positions; {end} were asked for")
-        if layer == 0 and end - self.offset > self.capacity:
-            self._make_room(t)
-        first = self.pos - self.offset
-        if self.window is not None:  # the first new query sees back to pos − window + 1
-            first = max(0, first - (self.window - 1))
-        else:
-            first = 0
-        self.k[layer, :, :, self.pos - self.offset : end - self.offset] = k
-        self.v[layer, :, :, self.pos - self.offset : end - self.offset] = v
-        keys, values = self.k[layer, :, :, first : end - self.offset], self.v[layer, :, :, first : end - self.offset]
-        self._next_layer = (layer + 1) % self.k.size(0)
+        keys, values = self.layers[layer].store(self.pos, k, v)
+        self._next_layer = (layer + 1) % len(self.layers)
         if self._next_layer == 0:
             self.pos = end
         return keys, values
@@ -84,53 +137,34 @@ class KVCache:
     def pad_step(self, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Before a step of a padded batch, ``mask`` (B, T) True for real tokens: stores it and returns
         each new token's position in its own sequence (B, T), and for every key the step sees whether
-        it is real and its position (B, past + T each). Once a batch is padded the cache keeps every
+        it is real and its position (B, past + T each). Once a batch is padded every layer keeps every
         key (pads make slots and positions differ, so a window is applied in attention, by position)."""
         b, t = mask.shape
         if self.mask is None:
-            if self.offset:
+            if any(slot.offset for slot in self.layers):
                 raise ValueError("KV cache: a padded step after a window let positions go; "
                                  "start a padded batch on a fresh cache")
-            self.mask = torch.ones(b, self.capacity, dtype=torch.bool, device=self.k.device)
-            self.positions = torch.arange(self.capacity, device=self.k.device).expand(b, -1).clone()
-            self.window = None
+            device = self.layers[0].k.device
+            self.mask = torch.ones(b, self.capacity, dtype=torch.bool, device=device)
+            self.positions = torch.arange(self.capacity, device=device).expand(b, -1).clone()
+            for slot in self.layers:
+                slot.window = None
         end = self.pos + t
         if end > self.max_len:
             raise ValueError(f"KV cache holds {self.max_len} positions; {end} were asked for")
-        if end > self.capacity:
-            self._make_room(t)
-        seen = self.mask[:, : self.pos].sum(1, keepdim=True)       # (B, 1): real tokens so far
+        if end > self.mask.size(1):
+            self._grow_mask(min(self.max_len, max(end, 2 * self.mask.size(1))))
+        seen = self.mask[:, :self.pos].sum(1, keepdim=True)        # (B, 1): real tokens so far
         positions = (seen + mask.long().cumsum(1) - 1).clamp_min(0)  # (B, T)
-        self.mask[:, self.pos : end] = mask
-        self.positions[:, self.pos : end] = positions
+        self.mask[:, self.pos:end] = mask
+        self.positions[:, self.pos:end] = positions
         return positions, self.mask[:, :end], self.positions[:, :end]
 
-    def _make_room(self, t: int) -> None:
-        """Before layer 0 stores a step of ``t`` positions: forget what no query can see any more
-        (windowed), then grow if the step still does not fit."""
-        if self.window is not None:
-            keep_from = max(self.offset, self.pos - (self.window - 1))
-            if keep_from > self.offset:
-                kept = self.pos - keep_from
-                for store in (self.k, self.v):
-                    store[:, :, :, :kept] = store[:, :, :, keep_from - self.offset : self.pos - self.offset].clone()
-                self.offset = keep_from
-        need = self.pos + t - self.offset
-        if need > self.capacity:
-            limit = self.max_len if self.window is None else min(self.max_len, max(need, 2 * self.window))
-            self._grow(min(limit, max(need, 2 * self.capacity)))
-
-    def _grow(self, capacity: int) -> None:
-        # every layer's stored positions move; layers later in this step have not written theirs yet
-        for name in ("k", "v"):
-            old = getattr(self, name)
-            new = old.new_zeros((*old.shape[:3], capacity, old.size(4)))
-            new[:, :, :, : old.size(3)] = old
-            setattr(self, name, new)
-        for name in ("mask", "positions") if self.mask is not None else ():
+    def _grow_mask(self, capacity: int) -> None:
+        for name in ("mask", "positions"):
             old = getattr(self, name)
             new = old.new_zeros((old.size(0), capacity))
-            new[:, : old.size(1)] = old
+            new[:, :old.size(1)] = old
             setattr(self, name, new)
 
 
