@@ -100,7 +100,7 @@ def open_source(source: str | Path, revision: str | None = None, prefer_cache: b
 def load_source(src: Source, dtype: str | torch.dtype = torch.float32, device: str | torch.device = "cpu",
                 blockwise: bool = False) -> nn.Module:
     """Our model for an opened source. ``blockwise``: each block's weights are read just before it
-    runs and dropped after (see ``gptconv.blockwise``), for models too large to hold twice."""
+    runs and dropped after (see ``gptconv.parity.streaming``), for models too large to hold twice."""
     dtype = parse_dtype(dtype)
     device = parse_device(device)
     model = build_empty(src.config)
@@ -109,7 +109,7 @@ def load_source(src: Source, dtype: str | torch.dtype = torch.float32, device: s
     if blockwise:
         if device.type != "cpu":
             raise GptconvError(f"{src.name}: a model run one block at a time runs on the CPU, not {device}")
-        from .blockwise import fill_blockwise
+        from .parity.streaming import fill_blockwise
         model = fill_blockwise(model, [f"blocks.{i}" for i in range(src.config.n_layers)],
                               lambda name: plan.tensor(name, dtype))
     else:  # each tensor to the device as it is read: no CPU copy of the model (on the CPU, the mapped file)

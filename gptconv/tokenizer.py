@@ -253,3 +253,11 @@ def gguf_tokenizer(fields) -> Tokenizer:
     s = vocab.special
     return Tokenizer(vocab.tokenizer(fields.path), s.get("eos"), s.get("bos"), vocab.chat_template, s.get("pad"),
                      s.get("unk"))
+
+
+def tokenizer_or_none(src: object) -> Tokenizer | None:
+    """The checkpoint's tokenizer, or None where it has none at all."""
+    try:
+        return load_tokenizer(src)
+    except NoTokenizer:  # none at all; one that cannot be read is an error
+        return None

@@ -21,7 +21,7 @@ def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
 
 def assert_fp32_parity(ours: torch.Tensor, reference: torch.Tensor, label: str) -> None:
     """Our float32 logits against a reference's: within parity.FP32, the same argmax everywhere."""
-    from gptconv.parity import FP32
+    from gptconv.parity.compare import FP32
     diff = (ours - reference).abs().max().item()
     print(f"\n{label}: fp32 max|Δ| = {diff:.3e}")
     assert diff <= FP32.atol
@@ -61,7 +61,7 @@ def hf_round_trip(folder, out, **kw):
     """Export ``folder`` to an HF folder in f32: transformers loads the same tensors and logits, bit
     for bit, and our model of the export agrees with it."""
     import gptconv
-    from gptconv.parity import FP32
+    from gptconv.parity.compare import FP32
     from gptconv.writers import export
     export(str(folder), out, "safetensors", "f32", **kw)
     original, exported = hf_model(folder), hf_model(out)

@@ -8,7 +8,7 @@ import torch
 
 import gptconv
 from gptconv.models import KVCache
-from gptconv.parity import CALIBRATION_FACTOR, FLOOR
+from gptconv.parity.compare import CALIBRATION_FACTOR, FLOOR
 
 FAMILIES = [("ckpts", "tiny"), ("llamas", "llama3-gqa"), ("llamas", "qwen2"), ("families", "mistral-swa"),
             ("families", "qwen3"), ("families", "phi3"), ("families", "mixtral"), ("gemma3", None)]
@@ -89,7 +89,7 @@ def test_the_cache_carries_the_mask(request, fixture, name):
     """A left-padded prefill, then one token per sequence per step (the mask given to the prefill only):
     each sequence's logits are those it gets decoded alone the same way (calibrated), and those of one pass
     over it (within FP32's tolerance: a cache splits the sums differently, padded or not)."""
-    from gptconv.parity import FP32 as ONE_PASS
+    from gptconv.parity.compare import FP32 as ONE_PASS
     model = gptconv.load(folder_of(request, fixture, name))
     seqs = sequences(model.config.vocab_size, seed=1)
     ids, mask = padded([s[:-5] for s in seqs], "left")

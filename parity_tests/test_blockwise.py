@@ -12,7 +12,7 @@ from gptconv import verify
 from gptconv.errors import GptconvError
 from gptconv.families import family_of
 from gptconv.loader import load_source, open_source
-from gptconv.reference import load_transformers_model, reference_steps, transformers_model
+from gptconv.parity.hf_reference import load_transformers_model, reference_steps, transformers_model
 from helpers import random_ids, run_cli
 
 

@@ -15,7 +15,7 @@ import sys
 import pytest
 import torch
 
-from gptconv.parity import SAME_MODEL
+from gptconv.parity.compare import SAME_MODEL
 
 from helpers import run_cli
 

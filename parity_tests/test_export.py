@@ -12,7 +12,7 @@ import gptconv
 from gptconv.writers import export
 from gptconv.errors import GptconvError
 from helpers import hf_round_trip, random_ids, run_cli
-from gptconv.parity import SAME_MODEL
+from gptconv.parity.compare import SAME_MODEL
 
 
 @pytest.mark.parametrize("name", ["tiny", "odd"])

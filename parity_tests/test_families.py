@@ -146,7 +146,7 @@ def test_a_router_without_renormalising_fails_verify(families, monkeypatch):
 def test_qwen3_with_q_and_k_norms_swapped_is_far_off(families, tmp_path):
     """q_norm and k_norm have the same shape: a table that crossed them would pass every shape check,
     and the parity test (within FP32) would not."""
-    from gptconv.parity import FP32
+    from gptconv.parity.compare import FP32
     from helpers import edited_copy
 
     def swap(state):

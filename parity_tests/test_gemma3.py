@@ -20,7 +20,7 @@ import gptconv
 from gptconv.errors import GptconvError
 from gptconv.models import KVCache, PRESETS, build, build_empty
 from gptconv.families.gemma3 import FULL, SLIDING
-from gptconv.parity import FP32, LLAMA_CPP
+from gptconv.parity.compare import FP32, LLAMA_CPP
 from gptconv.writers import export
 from fixtures import make_gemma3
 from helpers import assert_fp32_parity, assert_generation_matches, hf_model, hf_round_trip, random_ids, run_cli

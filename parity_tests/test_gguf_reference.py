@@ -17,7 +17,7 @@ from gguf import GGUFReader
 import gptconv
 from gptconv import verify
 from gptconv.writers import export
-from gptconv.parity import FP32
+from gptconv.parity.compare import FP32
 from helpers import hf_model, random_ids, run_cli
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import gptconv
-from gptconv.parity import FP32, SAME_MODEL
+from gptconv.parity.compare import FP32, SAME_MODEL
 from gptconv.decoding import generate_ids as generate
 from helpers import hf_model, random_ids
 

@@ -12,7 +12,7 @@ import torch
 import gptconv
 from gptconv.convert.keymap import KeyMap, Map, Rule, Stacked, Tied
 from gptconv.models import build
-from gptconv.parity import FP32
+from gptconv.parity.compare import FP32
 from gptconv.writers import export
 from helpers import hf_model, random_ids
 

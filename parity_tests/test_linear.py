@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from gptconv.parity import SAME_MODEL
+from gptconv.parity.compare import SAME_MODEL
 import torch.nn.functional as F
 
 from gptconv.errors import GptconvError

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import gptconv
-from gptconv.parity import LLAMA_CPP, QUANTIZED_MIN_TOP1
+from gptconv.parity.compare import LLAMA_CPP, QUANTIZED_MIN_TOP1
 from gptconv.writers import export
 from helpers import random_ids
 

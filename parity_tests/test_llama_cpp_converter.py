@@ -15,7 +15,7 @@ from fixtures import CONVERTER_FIXTURES
 from gptconv import verify
 from gptconv.writers import export
 from gptconv.llamacpp import LlamaCpp
-from gptconv.parity import FP32, LLAMA_CPP
+from gptconv.parity.compare import FP32, LLAMA_CPP
 from helpers import TORTURE, run_cli
 
 # Metadata keys allowed to differ, and why. Nothing else may.

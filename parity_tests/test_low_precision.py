@@ -11,9 +11,9 @@ import json
 
 import pytest
 
-import gptconv.api as api
+import gptconv.parity.run as verify_run
 from gptconv import verify
-from gptconv.parity import LOW_PRECISION_FACTOR
+from gptconv.parity.compare import LOW_PRECISION_FACTOR
 from helpers import edited_copy, run_cli, swap
 
 
@@ -45,14 +45,14 @@ def test_smollm2_passes_at_low_precision(smollm2, dtype):
 @pytest.fixture
 def theta_1e4(monkeypatch):
     """Our model (not the reference) with RoPE theta 1e4 instead of the checkpoint's."""
-    load = api.load_source
+    load = verify_run.load_source
 
     def wrong(src, dtype=None, *args, **kwargs):
         model = load(src, dtype, *args, **kwargs)
         model.config = dataclasses.replace(model.config, rope_theta=1e4)
         model._inv_freq.clear()
         return model
-    monkeypatch.setattr(api, "load_source", wrong)
+    monkeypatch.setattr(verify_run, "load_source", wrong)
 
 
 def test_smollm2_planted_rope_theta_fails_at_bfloat16(smollm2, theta_1e4):
@@ -89,7 +89,7 @@ def test_a_reference_that_overflows_at_the_dtype_cannot_judge(ckpts):
 
     import gptconv
     from gptconv.errors import GptconvError
-    from gptconv.parity import compare, our_steps
+    from gptconv.parity.compare import compare, our_steps
     ours, ref = gptconv.load(ckpts["tiny"], dtype="float16"), gptconv.load(ckpts["tiny"])
     inputs = {"random": torch.randint(0, 512, (1, 16), generator=torch.Generator().manual_seed(0))}
     fp32 = lambda name, ids: our_steps(ref, ids, {"logits"})  # noqa: E731

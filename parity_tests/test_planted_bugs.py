@@ -17,11 +17,11 @@ import pytest
 import torch
 
 import gptconv
-from gptconv.api import _inputs
+from gptconv.parity.run import verify_inputs
 from gptconv.families import family_of
 from gptconv.loader import open_source
-from gptconv.parity import TRUTH, compare, our_steps, sum_sq_diff
-from gptconv.reference import reference_steps, transformers_model
+from gptconv.parity.compare import TRUTH, compare, our_steps, sum_sq_diff
+from gptconv.parity.hf_reference import reference_steps, transformers_model
 from planted_bugs import BUGS, Case
 
 LENGTH = 48  # past every fixture's window (16, 20)
@@ -62,7 +62,7 @@ def references(request, family: str, dtype: str):
     key = (family, dtype)
     if key not in _REFERENCES:
         src = open_source(str(_folder(request, family)))
-        inputs = _inputs(src, LENGTH, 0)
+        inputs = verify_inputs(src, LENGTH, 0)
         runs = []
         for dt in (TRUTH, DTYPES[dtype]):
             hf = transformers_model(src, dt)

@@ -43,7 +43,7 @@ def tok(smollm2):
 
 @pytest.fixture(scope="module")
 def reference(smollm2):
-    from gptconv.reference import load_transformers_model
+    from gptconv.parity.hf_reference import load_transformers_model
     return load_transformers_model(smollm2)
 
 

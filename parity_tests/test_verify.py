@@ -12,7 +12,7 @@ import torch
 from gptconv import families, verify
 from gptconv.convert.keymap import IDENTITY, KeyMap
 from gptconv.families.gpt2 import GPT2_HF
-from gptconv.parity import FP32, calibrated_rule
+from gptconv.parity.compare import FP32, calibrated_rule
 from helpers import edited_copy, run_cli, swap
 
 
@@ -84,7 +84,7 @@ def test_a_nan_anywhere_fails_the_step(ckpts, tmp_path):
     difference, not be skipped over by max()."""
     import torch
 
-    from gptconv.parity import abs_max, kl_per_position, max_abs_diff
+    from gptconv.parity.compare import abs_max, kl_per_position, max_abs_diff
     a = torch.randn(1, 40, 50)
     b = a.clone()
     b[0, 33, 7] = float("nan")

@@ -9,9 +9,9 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.nn as nn
 
-from .errors import GptconvError
-from .layers.linear import one_row_product
-from .results import Result
+from ..errors import GptconvError
+from ..layers.linear import one_row_product
+from ..results import Result
 
 
 # The inputs both sides run: the fixed prompts (when the checkpoint has a tokenizer) and seeded random ids.

@@ -2,7 +2,7 @@
 
 Three ways to build it, from the cheapest in memory: given the checkpoint's own tensors by
 transformers' names (an HF folder), from its GGUF loader with our parsed config (a GGUF file), or
-from_pretrained (anything else); ``reference_file.py`` records its outputs for a later verify.
+from_pretrained (anything else); ``recorded.py`` records its outputs for a later verify.
 
 Step names are ours (see the model's taps); each family's ``hf_steps`` says which transformers module
 computes the same step, so the two can be compared step by step, not only at the logits.
@@ -18,9 +18,9 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from .errors import GptconvError, where
-from .families import family_of
-from .blockwise import fill_blockwise
+from ..errors import GptconvError, where
+from ..families import family_of
+from .streaming import fill_blockwise
 
 # transformers' plain PyTorch code, in every dtype: eager attention, and experts run one by one (its
 # default grouped_mm has no float64 kernel, and the truth must run the same algorithm as the reference)
@@ -57,7 +57,7 @@ def transformers_model(src, dtype: torch.dtype = torch.float32, blockwise: bool 
     From an HF folder its weights are read by transformers' own parameter names straight from the
     checkpoint (never through our key map) and shape-checked; in fp32 from an fp32 folder these
     are the very memory-mapped tensors our model holds, so the weights are in memory once for the
-    two models. ``blockwise``: one block's weights in memory at a time (``gptconv.blockwise``).
+    two models. ``blockwise``: one block's weights in memory at a time (``gptconv.parity.streaming``).
     A folder under other names than transformers' (GPT-2's original keys) goes through
     ``from_pretrained``. A GGUF file: see :func:`gguf_transformers_model`.
     """

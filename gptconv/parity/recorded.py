@@ -10,9 +10,9 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from .errors import where
-from .output import atomic_output
-from .sources.files import UNLIMITED, regular_file
+from ..errors import where
+from ..output import atomic_output
+from ..sources.files import UNLIMITED, regular_file
 
 FORMAT = "2"  # 2: with the float64 run every verdict is calibrated by; 1 had none
 Runs = dict[str, dict[str, dict[str, torch.Tensor]]]  # dtype name → input name → step → tensor
