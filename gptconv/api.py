@@ -14,6 +14,7 @@ import torch
 from .decoding import check_options, generate_batch, generate_tokens
 from .devices import parse_device
 from .errors import GptconvError, where
+from .families import BY_WRAPPER
 from .loader import Source, load_source, open_source, parse_dtype
 from .parity.compare import Report
 from .parity.run import record_reference, verify
@@ -37,6 +38,10 @@ class PullSummary(Result):
     files: list[tuple[str, int]]  # (name, bytes)
     context_length: int
     layout: str
+    # a multimodal checkpoint (its model_type): the tensors its text model leaves out, by their names, and what they are
+    wrapper: str | None
+    left_out: list[str]
+    left_out_what: str
 
 
 def pull(source: str, revision: str | None = None) -> PullSummary:
@@ -47,6 +52,7 @@ def pull(source: str, revision: str | None = None) -> PullSummary:
     return PullSummary(
         source, src.repo_id, src.path, src.arch, sum(p.numel() for p in model.parameters()), dict(dtypes),
         [(f.name, f.stat().st_size) for f in src.files], src.config.context_length, src.layout,
+        src.wrapper, src.left_out, BY_WRAPPER[src.wrapper][1].left_out_what if src.wrapper else "",
     )
 
 

@@ -7,7 +7,7 @@ never held twice.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 
 from .convert import KeyMap, Plan, TensorInfo, model_shapes
-from .families import for_gguf, for_hf
+from .families import BY_WRAPPER, for_gguf, for_hf
 from .sources.hf_folder import open_hf_folder
 from .sources.gguf_file import GGUFFile, open_gguf
 from .sources.hub import fetch, repo_id_for
@@ -53,6 +53,10 @@ class Source:
     hf_config: dict[str, Any] | None = None
     gguf: GGUFFile | None = None
     layout: str = ""  # which key layout the tensors came in, set by the strict load
+    # a multimodal checkpoint's text model: the wrapper's model_type, and the tensors left out of the
+    # text model by the wrapper's rule (the vision tower, the projector), by their names in the file
+    wrapper: str | None = None
+    left_out: list[str] = field(default_factory=list)
 
     @property
     def arch(self) -> str:
@@ -90,11 +94,47 @@ def open_source(source: str | Path, revision: str | None = None, prefer_cache: b
         return Source(str(source), path, repo_id, "gguf", config, family.gguf_keymap(config), g.tensors, [path],
                       g.stored_types, gguf=g)
     ckpt = open_hf_folder(path, backend)
+    if ckpt.model_type in BY_WRAPPER:
+        return _text_model_of(str(source), path, repo_id, ckpt)
     family = for_hf(ckpt.model_type, path / "config.json")
     config = family.config_from_hf(ckpt.config, path / "config.json")
     stored = {k: str(t.dtype).removeprefix("torch.") for k, t in ckpt.tensors.items()}
     return Source(str(source), path, repo_id, "hf", config, family.hf_keymap(config), ckpt.tensors,
                   ckpt.weight_files, stored, hf_config=ckpt.config)
+
+
+def _text_model_of(name: str, path: Path, repo_id: str | None, ckpt) -> Source:
+    """The text model inside a multimodal checkpoint: its ``text_config``, its tensors under the text
+    model's names, and the tensors the wrapper's rule leaves out (listed, never silently dropped); a
+    tensor that is neither is kept under its own name, so that the strict ledger names it."""
+    origin = path / "config.json"
+    family, wrapper = BY_WRAPPER[ckpt.model_type]
+    text = ckpt.config.get("text_config")
+    if not isinstance(text, dict):
+        raise GptconvError(f"{origin}: a '{wrapper.model_type}' checkpoint without a text_config object "
+                           "(the text model's config)")
+    if text.get("model_type") not in wrapper.text_types:
+        raise GptconvError(f"{origin}: text_config's model_type {text.get('model_type')!r} is not supported in a "
+                           f"'{wrapper.model_type}' checkpoint (supported: {', '.join(wrapper.text_types)})")
+    text = dict(text)
+    if isinstance(ckpt.config.get("tie_word_embeddings"), bool):  # the wrapper's says whether its head is tied
+        text["tie_word_embeddings"] = ckpt.config["tie_word_embeddings"]
+    config = family.config_from_hf(text, f"{origin} (text_config)")
+    tensors, left_out = {}, []
+    for key, info in ckpt.tensors.items():
+        if wrapper.leaves_out(key):
+            left_out.append(key)
+            continue
+        renamed = wrapper.text_name(key) or key
+        if renamed in tensors:
+            raise GptconvError(f"{path}: '{key}' and another tensor are both the text model's '{renamed}'")
+        tensors[renamed] = info
+    if not any(k.startswith("model.") for k in tensors):
+        under = " or ".join(p for p, _ in wrapper.text_prefixes)
+        raise GptconvError(f"{path}: no tensor of the text model under {under}")
+    stored = {k: str(t.dtype).removeprefix("torch.") for k, t in tensors.items()}
+    return Source(name, path, repo_id, "hf", config, family.hf_keymap(config), tensors, ckpt.weight_files, stored,
+                  hf_config=text, wrapper=wrapper.model_type, left_out=left_out)
 
 
 def load_source(src: Source, dtype: str | torch.dtype = torch.float32, device: str | torch.device = "cpu",

@@ -108,3 +108,16 @@ def pytest_terminal_summary(terminalreporter, config):
         from planted_matrix import matrix
         terminalreporter.write_sep("=", "planted conversion bugs: verify's verdicts")
         terminalreporter.write_line(matrix(rows))
+
+
+@pytest.fixture(scope="session")
+def wrappers(tmp_path_factory) -> dict[str, Path]:
+    """Multimodal checkpoints saved by transformers (fixtures.WRAPPER_FIXTURES), and Gemma 3's under
+    transformers 5's in-memory names (model.language_model.*) beside the language_model.model.* it saves."""
+    from fixtures import WRAPPER_FIXTURES, make_wrapper, relayout
+    root = tmp_path_factory.mktemp("wrappers")
+    out = {name: make_wrapper(root / name, name) for name in WRAPPER_FIXTURES}
+    out["gemma3-native"] = relayout(out["gemma3"], root / "gemma3-native", {
+        "language_model.model.": "model.language_model.", "vision_tower.": "model.vision_tower.",
+        "multi_modal_projector.": "model.multi_modal_projector."})
+    return out

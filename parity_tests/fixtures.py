@@ -294,3 +294,71 @@ def make_gemma3(folder: Path, vocab: str = "bpe", **changes) -> Path:
             "tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
             "add_bos_token": True, "add_eos_token": False, "legacy": True}))
     return folder
+
+
+# Multimodal checkpoints: the text model (every feature of its family, tiny) inside transformers' wrapper
+# with a one-layer vision tower. Tokenizers the converter reads: Llama 2's SentencePiece vocabulary for
+# Gemma 3 and Mistral 3 (llama.cpp ships none of theirs), Qwen2's byte-level BPE for Qwen3-VL.
+_TEXT = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+             head_dim=16, max_position_embeddings=96, initializer_range=0.2)
+WRAPPER_FIXTURES = {
+    "gemma3": ("llama-spm", dict(
+        text_config=dict(**{**_TEXT, "num_hidden_layers": 6}, vocab_size=32000, sliding_window=16,
+                         query_pre_attn_scalar=16, bos_token_id=1, eos_token_id=2, pad_token_id=0),
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=28, patch_size=14),
+        mm_tokens_per_image=4, image_token_index=3, boi_token_index=4, eoi_token_index=5, tie_word_embeddings=True)),
+    "mistral3": ("llama-spm", dict(
+        text_config=dict(model_type="mistral", **_TEXT, vocab_size=32000, sliding_window=None, bos_token_id=1,
+                         eos_token_id=2, tie_word_embeddings=False),
+        vision_config=dict(model_type="pixtral", hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                           num_attention_heads=2, image_size=28, patch_size=14, head_dim=16),
+        image_token_index=10, tie_word_embeddings=False)),
+    "qwen3_vl": ("qwen2", dict(
+        text_config=dict(**_TEXT, vocab_size=151936, rope_theta=5e6, bos_token_id=151643, eos_token_id=151645,
+                         rope_scaling={"rope_type": "default", "mrope_section": [2, 3, 3], "mrope_interleaved": True}),
+        vision_config=dict(hidden_size=32, intermediate_size=64, depth=1, num_heads=2, out_hidden_size=64,
+                           patch_size=14, deepstack_visual_indexes=[0]),
+        image_token_id=151655, video_token_id=151656, vision_start_token_id=151652, vision_end_token_id=151653,
+        tie_word_embeddings=False)),
+}
+
+
+def make_wrapper(folder: Path, name: str) -> Path:
+    """A random-init multimodal checkpoint saved by transformers (text norms scrambled, as elsewhere)."""
+    import transformers
+    import llama_cpp_tools
+    vocab, kwargs = WRAPPER_FIXTURES[name]
+    torch.manual_seed(0)
+    config = transformers.AutoConfig.for_model(name, **kwargs)
+    model = transformers.AutoModelForImageTextToText.from_config(config)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if p.ndim == 1 and "language_model" in n and "norm" in n:  # ones or zeros at init: a swap would not show
+                p.copy_((torch.randn(p.shape, generator=g) * 0.1 + (0.0 if name == "gemma3" else 1.0)).bfloat16().float())
+    model.save_pretrained(folder)
+    if vocab == "llama-spm":
+        llama_cpp_tools.sentencepiece_model_from_gguf(llama_cpp_tools.vocab_file(vocab), folder / "tokenizer.model")
+        (folder / "tokenizer_config.json").write_text(json.dumps({
+            "tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
+            "add_bos_token": True, "add_eos_token": False, "legacy": True}))
+    else:
+        llama_cpp_tools.hf_tokenizer_from_gguf(llama_cpp_tools.vocab_file(vocab), folder)
+    return folder
+
+
+def relayout(src: Path, dst: Path, renames: dict[str, str]) -> Path:
+    """The same checkpoint with its tensors under other prefixes (``renames``: old prefix → new)."""
+    from safetensors.torch import load_file, save_file
+    dst.mkdir()
+    for f in src.iterdir():
+        if f.name != "model.safetensors":
+            (dst / f.name).write_bytes(f.read_bytes())
+    tensors = load_file(src / "model.safetensors")
+    out = {}
+    for k, t in tensors.items():
+        new = next((n + k[len(o):] for o, n in renames.items() if k.startswith(o)), k)
+        out[new] = t
+    save_file(out, dst / "model.safetensors", metadata={"format": "pt"})
+    return dst

@@ -25,6 +25,9 @@ def pull_summary(s) -> None:
     click.echo("dtype         " + ", ".join(f"{d} ({n} tensors)" for d, n in s.dtypes.items()))
     click.echo(f"context       {s.context_length:,} positions")
     click.echo(f"key layout    {s.layout}: every tensor mapped once, every parameter filled, shapes checked")
+    if s.left_out:
+        click.echo(f"left out      {len(s.left_out)} tensors of {s.left_out_what}: the text model of a '{s.wrapper}' "
+                   "checkpoint is what loads")
     click.echo(f"folder        {s.folder}")
     for name, size in s.files:
         click.echo(f"  {name:<40} {_bytes(size):>10}")

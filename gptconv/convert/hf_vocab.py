@@ -199,6 +199,9 @@ def _special_tokens(folder: Path, config: dict, tokenizer_json: dict,
             if isinstance(config.get(f"add_{kind}_token"), bool):
                 add.setdefault(kind, config[f"add_{kind}_token"])
     model_config = read_json_object(folder / "config.json")
+    text_config = model_config.get("text_config")  # a multimodal checkpoint: its text model's ids, as the converter
+    if isinstance(text_config, dict):                # reads them
+        model_config = {**text_config, **{k: v for k, v in model_config.items() if v is not None}}
     for kind in ID_KEYS:
         value = model_config.get(f"{kind}_token_id")
         if kind not in special and isinstance(value, int) and not isinstance(value, bool) and 0 <= value < n_vocab:

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..errors import GptconvError, where
 from . import gemma3, gpt2, llama, mistral, mixtral, phi3, qwen2, qwen3
-from .base import Family, Preset
+from .base import Family, Preset, Wrapper
 
 FAMILIES: tuple[Family, ...] = (
     gpt2.FAMILY,
@@ -28,6 +28,8 @@ FAMILIES: tuple[Family, ...] = (
 
 BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES}
 BY_HF_TYPE: dict[str, Family] = {t: f for f in FAMILIES for t in f.hf_model_types}
+# a multimodal checkpoint's model_type → (the family of its text model, the wrapper's layout)
+BY_WRAPPER: dict[str, tuple[Family, Wrapper]] = {w.model_type: (f, w) for f in FAMILIES for w in f.wrappers}
 # llama.cpp's architecture → the families written as it (llama: Llama, Mistral, Mixtral)
 BY_GGUF_ARCH: dict[str, tuple[Family, ...]] = {a: tuple(f for f in FAMILIES if f.gguf_arch == a)
                                                for a in dict.fromkeys(f.gguf_arch for f in FAMILIES)}
@@ -42,7 +44,8 @@ def family_of(config: Any) -> Family:
 def for_hf(model_type: str, origin: object) -> Family:
     """The family that reads an HF config.json of ``model_type``; ``origin``: the file, for the error."""
     if model_type not in BY_HF_TYPE:
-        raise GptconvError(f"{origin}: model_type '{model_type}' is not supported (supported: {', '.join(BY_HF_TYPE)})")
+        raise GptconvError(f"{origin}: model_type '{model_type}' is not supported "
+                           f"(supported: {', '.join([*BY_HF_TYPE, *BY_WRAPPER])})")
     return BY_HF_TYPE[model_type]
 
 
@@ -58,4 +61,5 @@ def for_gguf(fields: Any) -> Family:
     return claiming[0]
 
 
-__all__ = ["BY_GGUF_ARCH", "BY_HF_TYPE", "FAMILIES", "Family", "PRESETS", "Preset", "family_of", "for_gguf", "for_hf"]
+__all__ = ["BY_GGUF_ARCH", "BY_HF_TYPE", "BY_WRAPPER", "FAMILIES", "Family", "PRESETS", "Preset", "Wrapper",
+           "family_of", "for_gguf", "for_hf"]

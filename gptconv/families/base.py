@@ -21,6 +21,36 @@ class Preset:
 
 
 @dataclass(frozen=True)
+class Wrapper:
+    """A multimodal checkpoint whose text model is one of this family's: its config.json's ``model_type``,
+    the ``text_config`` types it may hold, where its text weights are (``text_prefixes``: the wrapper's
+    prefix → the text model's), and what is left out of the text model (``left_out``: prefixes, named
+    in every summary as ``left_out_what``). verify's reference is transformers' whole model, read by
+    its own code, on text only: its text model's modules are under ``module_prefix``."""
+
+    model_type: str
+    text_types: tuple[str, ...]
+    left_out: tuple[str, ...]
+    left_out_what: str = "the vision tower and the projector"
+    # transformers 5 holds the text model under model.language_model (and saves some wrappers so); older
+    # files, and transformers 5's saving of Gemma 3 and Mistral 3, put it under language_model.model
+    text_prefixes: tuple[tuple[str, str], ...] = (
+        ("model.language_model.", "model."), ("language_model.model.", "model."),
+        ("language_model.lm_head.", "lm_head."), ("lm_head.", "lm_head."))
+    module_prefix: str = "model.language_model."  # where transformers' model holds the text model's "model."
+
+    def text_name(self, name: str) -> str | None:
+        """The text model's name for a tensor of the wrapper, or None where it is no text weight."""
+        for prefix, text in self.text_prefixes:
+            if name.startswith(prefix):
+                return text + name[len(prefix):]
+        return None
+
+    def leaves_out(self, name: str) -> bool:
+        return name.startswith(self.left_out)
+
+
+@dataclass(frozen=True)
 class Family:
     """One family: its model code, its names in each format, and the functions between them.
 
@@ -54,6 +84,9 @@ class Family:
     describe: Callable[[Any], list[str]] = lambda config: []
     # GGUF tokenizer rules of llama.cpp's converter for this family (``convert/hf_vocab.py``)
     gguf_vocab: dict[str, Any] = field(default_factory=dict)
+    # the multimodal checkpoints whose text model is of this family
+    wrappers: tuple[Wrapper, ...] = ()
 
     def build(self, config: Any) -> nn.Module:
         return self.model_class(config)
+

@@ -37,7 +37,7 @@ from ..layers.norms import OffsetRMSNorm
 from ..layers.rope import RopeScaling, rope_frequencies
 from ..layers.step import Step
 from ..layers.tap import Tap, no_tap
-from .base import Family, Preset
+from .base import Family, Preset, Wrapper
 
 SLIDING, FULL = "sliding_attention", "full_attention"  # HF's layer_types
 
@@ -416,7 +416,6 @@ def describe(cfg: Gemma3Config) -> list[str]:
 
 FAMILY = Family(
     name="gemma3", config_class=Gemma3Config, model_class=Gemma3, presets=PRESETS,
-    # the multimodal wrapper (model_type gemma3) is not read as such
     hf_model_types=("gemma3_text",), config_from_hf=gemma3_config_from_hf, config_to_hf=gemma3_config_to_hf,
     hf_keymap=lambda config: GEMMA3_HF,
     gguf_arch="gemma3", config_from_gguf=gemma3_config_from_gguf, gguf_keymap=lambda config: GEMMA3_GGUF,
@@ -430,4 +429,7 @@ FAMILY = Family(
     describe=describe,
     # llama.cpp's converter: a SentencePiece Gemma vocabulary gets no space prefix
     gguf_vocab={"add_space_prefix_spm": False},
+    # Gemma 3 4B, 12B, 27B: the text model of the multimodal checkpoint (SigLIP vision tower, projector)
+    wrappers=(Wrapper("gemma3", ("gemma3_text",), left_out=("vision_tower.", "multi_modal_projector.",
+                                                             "model.vision_tower.", "model.multi_modal_projector.")),),
 )

@@ -15,7 +15,7 @@ from ..convert.hf_config import ConfigFields
 from ..convert.hf_decoder import (ATTENTION, DECODER_HF_STEPS, MLP, NORMS, decoder_config_from_hf, decoder_config_to_hf,
                                   decoder_hf_keymap, describe_decoder, window_on_every_layer)
 from ..layers.decoder import Llama, LlamaConfig
-from .base import Family, Preset
+from .base import Family, Preset, Wrapper
 
 _V01 = Preset(LlamaConfig(vocab_size=32000, context_length=32768, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=8,
                           d_ff=14336, rope_theta=10000.0, sliding_window=4096, bos_token_id=1, eos_token_id=2,
@@ -49,4 +49,7 @@ FAMILY = Family(
     transformers_reads_gguf_as=("llama", "LlamaForCausalLM"),  # its names are Mistral's too
     hf_steps=DECODER_HF_STEPS, describe=describe_decoder,
     gguf_vocab={"add_prefix_space_from_config": True},
+    # Mistral Small 3.x: the text model of the multimodal checkpoint (Pixtral vision tower, projector)
+    wrappers=(Wrapper("mistral3", ("mistral",), left_out=("vision_tower.", "multi_modal_projector.",
+                                                           "model.vision_tower.", "model.multi_modal_projector.")),),
 )

@@ -14,7 +14,7 @@ from ..convert.hf_config import ConfigFields
 from ..convert.hf_decoder import (ATTENTION, DECODER_HF_STEPS, MLP, NORMS, QK_NORM, decoder_config_from_hf,
                                   decoder_config_to_hf, decoder_hf_keymap, describe_decoder, window_where_enabled)
 from ..layers.decoder import Llama, LlamaConfig
-from .base import Family, Preset
+from .base import Family, Preset, Wrapper
 
 
 def _dense(d_model: int, n_layers: int, n_heads: int, d_ff: int, tie: bool) -> LlamaConfig:
@@ -65,4 +65,9 @@ FAMILY = Family(
     gguf_metadata=gguf_metadata,
     hf_steps=DECODER_HF_STEPS, describe=describe_decoder,
     gguf_vocab={"pre_tokenizer_first": "qwen2"},
+    # Qwen3-VL: its text model's M-RoPE gives the t, h and w sections of the frequencies three position
+    # streams; text-only ids have the three equal, so it is Qwen3's plain RoPE (deepstack adds image
+    # features only): verify compares ours with transformers' whole Qwen3-VL on text
+    wrappers=(Wrapper("qwen3_vl", ("qwen3_vl_text",), left_out=("model.visual.", "visual."),
+                      left_out_what="the vision tower and its mergers"),),
 )

@@ -150,5 +150,6 @@ class Attention(nn.Module):
         if step.cache is not None:
             k, v = step.cache.update(step.layer, k, v)              # (B, h_kv, past + T, hd)
         p = self.dropout if self.training else 0.0
-        y = causal_attention(q, k, v, k.size(2) - T, p, self.window, self.scale, step.pad)  # (B, h, T, hd): GQA shares K/V
+        # (B, h, T, hd): GQA shares K/V
+        y = causal_attention(q, k, v, k.size(2) - T, p, self.window, self.scale, step.pad)
         return self.o(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))

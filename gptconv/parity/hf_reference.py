@@ -19,7 +19,7 @@ import torch
 import torch.nn as nn
 
 from ..errors import GptconvError, where
-from ..families import family_of
+from ..families import BY_WRAPPER, family_of
 from .streaming import fill_blockwise
 
 # transformers' plain PyTorch code, in every dtype: eager attention, and experts run one by one (its
@@ -39,14 +39,17 @@ def _transformers():
     return transformers
 
 
-def load_transformers_model(path: Path, dtype: torch.dtype = torch.float32, config: object = None) -> nn.Module:
+def load_transformers_model(path: Path, dtype: torch.dtype = torch.float32, config: object = None,
+                            multimodal: bool = False) -> nn.Module:
     """``from_pretrained`` of an HF folder or a GGUF file, eager attention, in ``dtype``; ``config``
-    (a transformers config) replaces the one transformers would read from the checkpoint."""
+    (a transformers config) replaces the one transformers would read from the checkpoint; ``multimodal``:
+    the folder holds an image-text model."""
     transformers = _transformers()
     where_from = {"gguf_file": path.name} if path.suffix == ".gguf" else {}  # transformers dequantizes GGUF itself
     folder = path.parent if where_from else path
     with contextlib.redirect_stderr(io.StringIO()):  # its GGUF dequantizer draws a progress bar of its own
-        model = transformers.AutoModelForCausalLM.from_pretrained(
+        auto = transformers.AutoModelForImageTextToText if multimodal else transformers.AutoModelForCausalLM
+        model = auto.from_pretrained(
             folder, dtype=dtype, **EAGER, **where_from, **({"config": config} if config else {}))
     return model.eval()
 
@@ -61,6 +64,11 @@ def transformers_model(src, dtype: torch.dtype = torch.float32, blockwise: bool 
     A folder under other names than transformers' (GPT-2's original keys) goes through
     ``from_pretrained``. A GGUF file: see :func:`gguf_transformers_model`.
     """
+    if src.wrapper is not None:  # transformers' whole multimodal model, read by its own code, run on text
+        if blockwise:
+            raise where(src.path, f"the reference streams only text models; a '{src.wrapper}' checkpoint is read "
+                                  "whole by transformers (verify with --no-stream)")
+        return load_transformers_model(src.path, dtype, multimodal=True)
     if src.format == "gguf":
         if blockwise:
             raise where(src.path, "the reference streams only HF folders; transformers reads a GGUF file whole")
@@ -165,8 +173,19 @@ def _stored_names(src, hf: nn.Module) -> dict[str, str] | None:
     return stored
 
 
+def reference_taps(src) -> dict[str, str]:
+    """Our step → the module of transformers' model for ``src`` that computes it (a multimodal model holds
+    its text model under its wrapper's module prefix)."""
+    taps = family_of(src.config).hf_steps
+    if src.wrapper is None:
+        return taps
+    prefix = BY_WRAPPER[src.wrapper][1].module_prefix
+    return {step: prefix + module.removeprefix("model.") for step, module in taps.items()}
+
+
 @torch.no_grad()
-def reference_steps(hf_model: nn.Module, taps: dict[str, str], n_layers: int, ids: torch.Tensor) -> dict[str, torch.Tensor]:
+def reference_steps(hf_model: nn.Module, taps: dict[str, str], n_layers: int,
+                    ids: torch.Tensor) -> dict[str, torch.Tensor]:
     """Run transformers on ids (B, T) and catch each mapped step's output (``taps``: our step → the module
     computing it, the family's ``hf_steps``), plus the logits: in float64 from a float64 model (the
     truth), else in float32."""

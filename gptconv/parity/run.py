@@ -12,14 +12,13 @@ import torch
 
 from ..devices import parse_device
 from ..errors import GptconvError, where
-from ..families import family_of
 from ..layers.kv_cache import cache_window
 from ..loader import Source, load_source, open_source, parse_dtype
 from ..output import check_output
 from ..tokenizer import tokenizer_or_none
 from ..tracing import trace_steps
 from .compare import TRUTH, Report, compare, parity_inputs
-from .hf_reference import gguf_config_disagreements, reference_steps, transformers_model
+from .hf_reference import gguf_config_disagreements, reference_steps, reference_taps, transformers_model
 from .recorded import check_against, read_reference, save_reference
 
 
@@ -91,11 +90,11 @@ def verify(source: str | Path, dtype: str = "float32", length: int | None = None
     hf = place(transformers_model(src, dt, blockwise=blockwise))
     inputs = verify_inputs(src, length, seed)
     if blockwise:  # an input takes long: count blocks
-        _count_blocks([(model, "blocks.{i}"), *((m, family_of(src.config).hf_steps["block.{i}"]) for m in (truth, hf))],
+        _count_blocks([(model, "blocks.{i}"), *((m, reference_taps(src)["block.{i}"]) for m in (truth, hf))],
                       src.config.n_layers, len(inputs), on_input)
         on_input = lambda done, total: None  # noqa: E731
     import transformers
-    run = lambda m: lambda n, ids: reference_steps(m, family_of(src.config).hf_steps, src.config.n_layers, ids)  # noqa: E731
+    run = lambda m: lambda n, ids: reference_steps(m, reference_taps(src), src.config.n_layers, ids)  # noqa: E731
     report = compare(model, inputs, run(truth), source,
                      f"transformers {transformers.__version__} (fp64 and {name}, eager{', blockwise' if blockwise else ''})",
                      run(hf), on_input=on_input)
@@ -151,7 +150,7 @@ def record_reference(source: str, out: Path, length: int | None = None, seed: in
     runs = {}
     for dt in dict.fromkeys([TRUTH, torch.float32, parse_dtype(dtype)]):
         hf = transformers_model(src, dt)
-        runs[str(dt).removeprefix("torch.")] = {name: reference_steps(hf, family_of(src.config).hf_steps, src.config.n_layers, ids)
+        runs[str(dt).removeprefix("torch.")] = {name: reference_steps(hf, reference_taps(src), src.config.n_layers, ids)
                                                 for name, ids in inputs.items()}
         del hf
     save_reference(Path(out), runs, inputs, {"arch": src.arch, "source": str(source),
