@@ -85,8 +85,8 @@ def no_window(f: ConfigFields) -> None:
 
 
 def window_on_every_layer(f: ConfigFields, default: int | None) -> int | None:
-    """``sliding_window`` applied to every layer: absent, the family's default; null, none."""
-    layer_types(f)
+    """``sliding_window`` applied to every layer: absent, the family's default; null, none (``layer_types``
+    is checked by ``decoder_config_from_hf``)."""
     return f.positive("sliding_window", None) if "sliding_window" in f.data else default
 
 

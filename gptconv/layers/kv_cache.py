@@ -99,7 +99,7 @@ class KVCache:
         """A slot per layer, each made by the layer's attention for itself (its heads, its window)."""
         weight = next(model.parameters())
         layers = [block.attn.make_state(batch, max_len, weight.dtype, weight.device, reserve) for block in model.blocks]
-        return cls(len(layers), batch, 0, max_len, 0, layers=layers)
+        return cls(len(layers), batch, n_kv_heads=0, max_len=max_len, head_dim=0, layers=layers)
 
     @property
     def window(self) -> int | None:
