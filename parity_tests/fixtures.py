@@ -204,9 +204,18 @@ CONVERTER_FIXTURES = {
 
 
 def make_converter_fixture(folder: Path, name: str, vocab_gguf: Path) -> Path:
+    arch, vocab, kwargs = CONVERTER_FIXTURES[name]
+    return make_checkpoint(folder, arch, vocab, kwargs, vocab_gguf, our_tokenizer=name == "llama3-gqa-scaled")
+
+
+def make_checkpoint(folder: Path, arch: str, vocab: str, kwargs: dict, vocab_gguf: Path | None = None,
+                    our_tokenizer: bool = False) -> Path:
+    """A random-init checkpoint of ``arch`` saved by transformers (init range 0.2, norms scrambled) with
+    a real tokenizer both converters read: llama.cpp's test vocabulary ``vocab`` (``vocab_gguf``: another
+    file), as a SentencePiece tokenizer.model (llama-spm) or a tokenizer.json."""
     import transformers
     import llama_cpp_tools
-    arch, vocab, kwargs = CONVERTER_FIXTURES[name]
+    vocab_gguf = vocab_gguf or llama_cpp_tools.vocab_file(vocab)
     torch.manual_seed(0)
     config = transformers.AutoConfig.for_model(arch, **kwargs, initializer_range=0.2)
     model = transformers.AutoModelForCausalLM.from_config(config)
@@ -220,7 +229,7 @@ def make_converter_fixture(folder: Path, name: str, vocab_gguf: Path) -> Path:
             "add_bos_token": True, "add_eos_token": False, "legacy": True}))
         if arch == "phi3":
             llama_cpp_tools.phi3_added_tokens(folder)
-    elif name == "llama3-gqa-scaled":
+    elif our_tokenizer:
         llama_cpp_tools.our_tokenizer_from_gguf(vocab_gguf, folder)
     else:
         llama_cpp_tools.hf_tokenizer_from_gguf(vocab_gguf, folder)

@@ -181,10 +181,12 @@ def test_k_quants_from_llama_cpps_quantizer_load_and_match_llama_cpp(wide_famili
     ("mixtral", {"num_experts_per_tok": 5}, "n_experts_used = 5 is not an integer in 1 … 4"),
     ("mixtral", {"num_local_experts": 0}, "n_experts = 0 is not an integer"),
     ("mistral-swa", {"sliding_window": 0}, "field 'sliding_window' is 0; it must be at least 1"),
-    ("qwen3", {"use_sliding_window": True, "sliding_window": 8, "layer_types": ["sliding_attention", "full_attention"]},
-     "sliding-window attention on some layers only is not supported"),
+    ("qwen3", {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e6}},
+     "rope_type 'dynamic' is not supported"),
     ("phi3", {"rope_scaling": {"rope_type": "longrope", "long_factor": [1.0], "short_factor": [1.0]}},
-     "rope_type 'longrope' is not supported"),
+     "longrope has 1 RoPE factors for 8 frequencies"),
+    ("qwen3", {"use_sliding_window": True, "sliding_window": None, "layer_types": ["sliding_attention", "full_attention"]},
+     "'sliding_window' is null or absent but some layers are sliding_attention"),
 ])
 def test_what_we_do_not_implement_is_one_line_and_exit_2(families, tmp_path, name, change, message):
     import json

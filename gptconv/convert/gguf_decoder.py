@@ -112,14 +112,21 @@ def standard_layer(permuted: bool, mlp: bool = True) -> list[Rule]:
             for src, dst, t in rows for p in ("weight", "bias")]
 
 
+POST_NORMS = [Map(gguf_name(T.ATTN_POST_NORM), "blocks.{i}.post_attn_norm.weight"),
+              Map(gguf_name(T.FFN_POST_NORM), "blocks.{i}.post_mlp_norm.weight")]
+
+
 def decoder_gguf_keymap(config: LlamaConfig, arch: str, layer: list[Rule]) -> KeyMap:
-    """llama.cpp's names for the decoder: ``layer`` holds the rows of a block but its norms."""
+    """llama.cpp's names for the decoder: ``layer`` holds the rows of a block but its norms (those after
+    the sublayers: ``POST_NORMS``, added where the config has them)."""
     head = (Tied(gguf_name(T.OUTPUT), "tok_emb.weight") if config.tie_embeddings
             else Map(gguf_name(T.OUTPUT), "lm_head.weight"))
+    pre = [Map(gguf_name(T.ATTN_NORM), "blocks.{i}.norm1.weight"),
+           Map(gguf_name(T.FFN_NORM), "blocks.{i}.norm2.weight")] if config.norms != "post" else []
     return KeyMap(f"{arch} (GGUF)", [
         Map(gguf_name(T.TOKEN_EMBD), "tok_emb.weight"),
-        Map(gguf_name(T.ATTN_NORM), "blocks.{i}.norm1.weight"),
-        Map(gguf_name(T.FFN_NORM), "blocks.{i}.norm2.weight"),
+        *pre,
+        *(POST_NORMS if config.norms != "pre" else []),
         *layer,
         Map(gguf_name(T.OUTPUT_NORM), "norm_f.weight"),
         head,
@@ -128,11 +135,16 @@ def decoder_gguf_keymap(config: LlamaConfig, arch: str, layer: list[Rule]) -> Ke
 
 
 def add_decoder_hparams(w: Any, cfg: LlamaConfig, *, vocab_size: bool = False, rope_dims: bool = False,
-                        original_context: bool = False) -> None:
+                        original_context: bool = False, has: frozenset[str] = frozenset(), arch: str = "") -> None:
     """The hyperparameters llama.cpp's converter writes for every architecture of the decoder, in its
     order (a family adds its own after them: window, key length, scaling), no more, so that the two files'
     metadata can be compared key by key. ``vocab_size``, ``rope_dims``, ``original_context``: keys only some
-    architectures get."""
+    architectures get. ``has``: the features (``LlamaConfig.features``) llama.cpp's ``arch`` runs, which the
+    family writes; a config with another is refused."""
+    missing = cfg.features() - has - {"layer_types"}  # windows: add_window
+    if missing:
+        raise GptconvError(f"llama.cpp's {arch or 'architecture'} has no place for: {', '.join(sorted(missing))}; "
+                           "not exported")
     w.add_context_length(cfg.context_length)
     if original_context:
         w.add_rope_scaling_orig_ctx_len(cfg.context_length)  # no longrope: the original context is the context
@@ -166,7 +178,9 @@ def add_window(w: Any, cfg: LlamaConfig, arch: str, kept: bool) -> None:
     so that reading the file back keeps it (llama.cpp ignores it); else refused."""
     if cfg.sliding_window is not None:
         if not kept:
-            raise GptconvError(f"llama.cpp's {arch} has no sliding window on every layer; not exported")
+            raise GptconvError(f"llama.cpp's {arch} has no sliding window; not exported")
+        if cfg.layer_types:
+            raise GptconvError(f"llama.cpp's {arch} has no sliding window on some layers only; not exported")
         w.add_sliding_window(cfg.sliding_window)
 
 

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..layers.decoder import LlamaConfig
+import math
+
+from ..layers.decoder import FULL, SLIDING, LlamaConfig
 from ..layers.rope import RopeScaling, llama3_from_factors
 from .hf_config import ConfigFields, build_config
 from .keymap import Drop, KeyMap, Map, Rule, Tied
@@ -17,19 +19,15 @@ DECODER_HF_STEPS = {"token_embedding": "model.embed_tokens", "block.{i}": "model
                     "final_norm": "model.norm"}
 
 
-def rope_from_hf(f: ConfigFields, default_theta: float = 10000.0) -> tuple[float, RopeScaling | None]:
+def rope_from_hf(f: ConfigFields, default_theta: float = 10000.0,
+                 partial: bool = False) -> tuple[float, RopeScaling | None]:
     """(theta, scaling) from transformers 5's ``rope_parameters`` or the legacy ``rope_theta`` / ``rope_scaling``.
-    A ``rope_scaling`` beside ``rope_parameters`` wins, as it does in transformers."""
-    params = dict(f.dict("rope_parameters", None) or {})
-    legacy = f.dict("rope_scaling", None)
-    if legacy or not params:  # legacy: theta at top level, scaling (if any) in rope_scaling with 'type' or 'rope_type'
-        params = {"rope_theta": params.get("rope_theta", f.float("rope_theta", default_theta)), **(legacy or {})}
-    if "partial_rotary_factor" in f.data:  # some configs say it at top level
-        params.setdefault("partial_rotary_factor", f.float("partial_rotary_factor"))
-    p = ConfigFields(params, f"{f.origin} (rope parameters)")
+    A ``rope_scaling`` beside ``rope_parameters`` wins, as it does in transformers. ``partial``: the family
+    rotates part of each head where the config says so (``rope_dim_from_hf``); else that is refused."""
+    p = rope_parameters(f, default_theta)
     theta = p.float("rope_theta", default_theta)
     kind = p.str("rope_type", None) or p.str("type", None) or "default"
-    if p.float("partial_rotary_factor", 1.0) != 1.0:
+    if p.float("partial_rotary_factor", 1.0) != 1.0 and not partial:
         raise p.error("partial_rotary_factor != 1 (RoPE on part of each head) is not supported")
     try:
         if kind == "default":
@@ -40,19 +38,64 @@ def rope_from_hf(f: ConfigFields, default_theta: float = 10000.0) -> tuple[float
             return theta, RopeScaling("llama3", factor=p.float("factor"), low_freq_factor=p.float("low_freq_factor"),
                                       high_freq_factor=p.float("high_freq_factor"),
                                       original_context_length=p.int("original_max_position_embeddings"))
+        if kind == "longrope":
+            return theta, _longrope(f, p)
     except ValueError as e:
         raise p.error(str(e)) from None
-    raise p.error(f"rope_type '{kind}' is not supported (default, linear, llama3)")
+    raise p.error(f"rope_type '{kind}' is not supported (default, linear, llama3, longrope)")
+
+
+def _longrope(f: ConfigFields, p: ConfigFields) -> RopeScaling:
+    """LongRoPE as transformers computes it: factor (absent: the context over the original one) sets the
+    attention factor √(1 + ln factor / ln original) where none is given."""
+    original = p.int("original_max_position_embeddings", None) or f.int("original_max_position_embeddings")
+    factor = p.float("factor", None) or f.int("max_position_embeddings") / original
+    attention = p.float("attention_factor", None)
+    if attention is None:
+        attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    factors = {}
+    for name in ("short_factor", "long_factor"):
+        values = p.data.get(name)
+        if not isinstance(values, list) or not all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                   for x in values):
+            raise p.error(f"field '{name}' must be a list of numbers")
+        factors[name] = tuple(float(x) for x in values)
+    return RopeScaling("longrope", factor=factor, original_context_length=original, factors=factors["short_factor"],
+                       long_factors=factors["long_factor"], attention_factor=attention)
+
+
+def rope_dim_from_hf(f: ConfigFields, head_dim: int) -> int:
+    """The dimensions of each head RoPE rotates: head_dim × partial_rotary_factor (as transformers rounds it)."""
+    factor = rope_parameters(f).float("partial_rotary_factor", 1.0)
+    if not 0.0 < factor <= 1.0:
+        raise f.error(f"partial_rotary_factor {factor!r} is outside (0, 1]")
+    return int(head_dim * factor)
+
+
+def rope_parameters(f: ConfigFields, default_theta: float = 10000.0) -> ConfigFields:
+    """The RoPE parameters however the config says them (``rope_parameters``, legacy fields)."""
+    params = dict(f.dict("rope_parameters", None) or {})
+    legacy = f.dict("rope_scaling", None)
+    if legacy or not params:  # legacy: theta at top level, scaling (if any) in rope_scaling with 'type' or 'rope_type'
+        params = {"rope_theta": params.get("rope_theta", f.float("rope_theta", default_theta)), **(legacy or {})}
+    if "partial_rotary_factor" in f.data:  # some configs say it at top level
+        params.setdefault("partial_rotary_factor", f.float("partial_rotary_factor"))
+    return ConfigFields(params, f"{f.origin} (rope parameters)")
 
 
 def decoder_config_from_hf(f: ConfigFields, family: str, defaults: dict[str, Any], **specific: Any) -> LlamaConfig:
     """The fields every model_type of the decoder has; ``defaults``: transformers' values for the fields a
     config.json may leave out, where they are not Llama's (rms_norm_eps 1e-6, rope_theta 1e4);
-    ``specific``: the family's own (biases, window, q/k norms, experts)."""
+    ``specific``: the family's own (biases, window, q/k norms, experts); ``partial_rotary``: the family
+    rotates part of each head where the config says so."""
     act = f.str("hidden_act", "silu")
     if act != "silu":
         raise f.error(f"hidden_act '{act}' is not supported (SwiGLU uses silu)")
-    theta, scaling = rope_from_hf(f, defaults.get("rope_theta", 10000.0))
+    partial = specific.pop("partial_rotary", False)
+    theta, scaling = rope_by_layer_type(f, defaults.get("rope_theta", 10000.0), partial)
+    if partial:
+        head_dim = f.positive("head_dim", 0) or f.int("hidden_size") // max(f.int("num_attention_heads"), 1)
+        specific["rope_dim"] = rope_dim_from_hf(f, head_dim)
     if f.data.get("pretraining_tp", 1) not in (1, None):
         raise f.error(f"'pretraining_tp' = {f.data['pretraining_tp']!r} is not supported")
     # dropouts and noise that act in training only, which our modules do not have
@@ -90,24 +133,56 @@ def window_on_every_layer(f: ConfigFields, default: int | None) -> int | None:
     return f.positive("sliding_window", None) if "sliding_window" in f.data else default
 
 
-def window_where_enabled(f: ConfigFields, max_window_layers: int) -> int | None:
-    """The window of a model_type that windows only with ``use_sliding_window``, and then only some layers
-    (``layer_types``, else those from ``max_window_layers`` on), which we refuse unless it is all of them."""
+def window_where_enabled(f: ConfigFields, max_window_layers: int) -> dict[str, Any]:
+    """The windows of a model_type that windows only with ``use_sliding_window`` (Qwen2, Qwen3), and then
+    the layers ``layer_types`` says, else those from ``max_window_layers`` on: sliding_window, layer_types."""
     types = layer_types(f)
     if not f.bool("use_sliding_window", False):
         no_window(f)
-        return None
+        return dict(sliding_window=None)
     n = f.int("num_hidden_layers")
-    if types is not None:
-        sliding = [t == "sliding_attention" for t in types]
-    else:
+    if types is None:
         first = f.int("max_window_layers", max_window_layers)
-        sliding = [i >= first for i in range(n)]
-    if not any(sliding):
-        return None
-    if not all(sliding):
-        raise f.error("sliding-window attention on some layers only is not supported for this model_type")
-    return f.positive("sliding_window", None)
+        types = [SLIDING if i >= first else FULL for i in range(n)]
+    return windows_of_layer_types(f, types)
+
+
+def windows_of_layer_types(f: ConfigFields, types: list[str] | None) -> dict[str, Any]:
+    """sliding_window and layer_types for a config whose ``types`` (one per layer, or None: none slides)
+    say which layers slide; the window is ``sliding_window``, which must be set where some layer slides."""
+    if not types or SLIDING not in types:
+        return dict(sliding_window=None)
+    if f.data.get("sliding_window") is None:
+        raise f.error("'sliding_window' is null or absent but some layers are sliding_attention")
+    return dict(sliding_window=f.positive("sliding_window", None), layer_types=tuple(types))
+
+
+def windows_to_hf(c: LlamaConfig) -> dict[str, Any]:
+    """The window fields of a model_type that windows only with ``use_sliding_window`` and says which
+    layers in ``layer_types`` (Qwen2, Qwen3): every layer's kind written out."""
+    if c.sliding_window is None:
+        return {"use_sliding_window": False, "sliding_window": None}
+    return {"use_sliding_window": True, "sliding_window": c.sliding_window, "max_window_layers": 0,
+            "layer_types": [SLIDING if c.window(i) else FULL for i in range(c.n_layers)]}
+
+
+def rope_by_layer_type(f: ConfigFields, default_theta: float = 10000.0,
+                       partial: bool = False) -> tuple[float, RopeScaling | None]:
+    """(theta, scaling) of a config whose ``rope_parameters`` may be keyed by layer type (OLMo 3): the
+    decoder has one RoPE for every layer, so the kinds must agree."""
+    params = f.dict("rope_parameters", None)
+    if not params or not (FULL in params or SLIDING in params):
+        return rope_from_hf(f, default_theta, partial)
+    kinds = []
+    for kind in (FULL, SLIDING):
+        entry = params.get(kind) or {}
+        if not isinstance(entry, dict):
+            raise f.error(f"rope_parameters['{kind}'] must be an object")
+        kinds.append(rope_from_hf(ConfigFields({"rope_parameters": entry}, f"{f.origin} ({kind})"), default_theta,
+                                  partial))
+    if kinds[0] != kinds[1]:
+        raise f.error("different RoPE on full and sliding layers is not supported for this model_type")
+    return kinds[0]
 
 
 def layer_types(f: ConfigFields) -> list[str] | None:
@@ -126,11 +201,15 @@ def layer_types(f: ConfigFields) -> list[str] | None:
 
 def decoder_config_to_hf(c: LlamaConfig, model_type: str, hf_class: str,
                          biases: tuple[bool, bool, bool] = (False, False, False), window: bool = True,
-                         qk_norm: bool = False, experts: bool = False) -> dict[str, Any]:
+                         qk_norm: bool = False, experts: bool = False, has: frozenset[str] = frozenset()) -> dict[str, Any]:
     """The config.json transformers needs to build ``c`` as ``hf_class``. ``biases``: the (q/k/v, output,
     MLP) biases the model_type has for this config; ``window``: whether it has a window on every layer;
-    ``qk_norm``, ``experts``: whether it has q/k norms, routed experts. A config asking for what the
-    model_type lacks is refused, never written as another family."""
+    ``qk_norm``, ``experts``: whether it has q/k norms, routed experts; ``has``: the other features of
+    ``features`` it has. A config asking for what the model_type lacks is refused, never written as
+    another family (the family adds the fields of its features)."""
+    missing = c.features() - has
+    if missing:
+        raise ValueError(f"HF's {model_type} has no place for: {', '.join(sorted(missing))}")
     if c.qk_norm != qk_norm:
         raise ValueError(f"HF's {model_type} has {'' if qk_norm else 'no '}RMSNorm on q and k")
     if bool(c.n_experts) != experts:
@@ -149,6 +228,12 @@ def decoder_config_to_hf(c: LlamaConfig, model_type: str, hf_class: str,
         if s.kind == "llama3":
             rope.update({"low_freq_factor": s.low_freq_factor, "high_freq_factor": s.high_freq_factor,
                          "original_max_position_embeddings": s.original_context_length})
+        if s.kind == "longrope":
+            rope.update({"short_factor": list(s.factors), "long_factor": list(s.long_factors),
+                         "attention_factor": s.attention_factor,
+                         "original_max_position_embeddings": s.original_context_length})
+    if c.rope_dim:
+        rope["partial_rotary_factor"] = c.rope_dim / c.head_dim
     return {
         "architectures": [hf_class], "model_type": model_type,
         "vocab_size": c.vocab_size, "max_position_embeddings": c.context_length, "hidden_size": c.d_model,
@@ -157,6 +242,7 @@ def decoder_config_to_hf(c: LlamaConfig, model_type: str, hf_class: str,
         "rope_parameters": rope, "tie_word_embeddings": c.tie_embeddings, "attention_bias": c.qkv_bias,
         "mlp_bias": c.mlp_bias, "bos_token_id": c.bos_token_id, "eos_token_id": c.eos_token_id,
         "sliding_window": c.sliding_window, "pad_token_id": None, "attention_dropout": c.attention_dropout,
+        **({"layer_types": [SLIDING if c.window(i) else FULL for i in range(c.n_layers)]} if c.layer_types else {}),
     }
 
 
@@ -165,6 +251,13 @@ NORMS = [("input_layernorm.weight", "norm1.weight"), ("post_attention_layernorm.
 ATTENTION = [(f"self_attn.{n}_proj.{p}", f"attn.{n}.{p}") for n in "qkvo" for p in ("weight", "bias")]
 MLP = [(f"mlp.{n}_proj.{p}", f"mlp.{n}.{p}") for n in ("gate", "up", "down") for p in ("weight", "bias")]
 QK_NORM = [("self_attn.q_norm.weight", "attn.q_norm.weight"), ("self_attn.k_norm.weight", "attn.k_norm.weight")]
+# norms on each sublayer's output (OLMo 2, EXAONE 4): HF's post_attention_layernorm is this, not Llama's pre-MLP norm
+POST_NORMS = [("post_attention_layernorm.weight", "post_attn_norm.weight"),
+              ("post_feedforward_layernorm.weight", "post_mlp_norm.weight")]
+POST_NORM_STEPS = {"block.{i}.post_attention_norm": "model.layers.{i}.post_attention_layernorm",
+                   "block.{i}.post_feedforward_norm": "model.layers.{i}.post_feedforward_layernorm"}
+QK_NORM_STEPS = {"block.{i}.q_norm": "model.layers.{i}.self_attn.q_norm",
+                 "block.{i}.k_norm": "model.layers.{i}.self_attn.k_norm"}
 
 
 def decoder_hf_keymap(config: LlamaConfig, model_type: str, layer: list[tuple[str, str]], fused: list[Rule] = (),
@@ -190,7 +283,33 @@ def describe_decoder(cfg: LlamaConfig) -> list[str]:
     scaling = f", {cfg.rope_scaling.kind} scaling" if cfg.rope_scaling else ""
     lines = [f"position: no position embedding; RoPE (theta = {cfg.rope_theta:g}{scaling}) rotates Q and K "
              f"inside every attention layer; GQA: {cfg.n_heads} query heads share {cfg.n_kv_heads} K/V heads"]
-    extras = [f"each position sees the last {cfg.sliding_window} only (sliding window)"] if cfg.sliding_window else []
-    extras += ["q and k heads RMS-normed before RoPE"] if cfg.qk_norm else []
-    extras += [f"MLP: {cfg.n_experts_used} of {cfg.n_experts} experts per token"] if cfg.n_experts else []
+    n = cfg.n_layers
+    sliding = sum(cfg.window(i) is not None for i in range(n))
+    nope = [i for i in range(n) if not cfg.rope_at(i)]
+    extras = []
+    if sliding:
+        which = "each layer" if sliding == n else f"{sliding} of {n} layers (the others see every position)"
+        extras.append(f"{which}: each position sees the last {cfg.sliding_window} only (sliding window)")
+    if nope:
+        extras.append(f"NoPE layers (no RoPE: order only through the causal mask): {', '.join(map(str, nope))}")
+    if cfg.rope_dim:
+        extras.append(f"partial rotary: RoPE on the first {cfg.rope_dim} of {cfg.head_dim} dimensions of each head")
+    if cfg.rope_scaling is not None and cfg.rope_scaling.kind == "longrope":
+        extras.append(f"longrope: long factors past {cfg.rope_scaling.original_context_length} positions, "
+                      f"cos and sin × {cfg.rope_scaling.attention_factor:.4g}")
+    if cfg.qk_norm:
+        extras.append("q and k " + ("RMS-normed over the whole projection" if cfg.qk_norm_over == "all"
+                                    else "heads RMS-normed") + " before RoPE")
+    if cfg.norms != "pre":
+        extras.append({"post": "norms after each sublayer, on its output, before the residual add (none before)",
+                       "sandwich": "norms before and after each sublayer"}[cfg.norms])
+    if "µP multipliers" in cfg.features():
+        scale = "head_dim^-½" if cfg.attention_scale is None else f"{cfg.attention_scale:g}"
+        extras.append(f"µP: token_embedding × {cfg.embedding_multiplier:g}, each sublayer's output × "
+                      f"{cfg.residual_multiplier:g}, attention scores × {scale}, logits ÷ {cfg.logits_scaling:g}")
+    if cfg.n_experts:
+        dense = n - sum(cfg.experts_at(i) for i in range(n))
+        extras.append(f"MLP: {cfg.n_experts_used} of {cfg.n_experts} experts per token"
+                      + ("" if cfg.norm_topk_prob else " (weights not renormalised)")
+                      + (f"; {dense} dense layers" if dense else ""))
     return lines + (["also: " + "; ".join(extras)] if extras else [])

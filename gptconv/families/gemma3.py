@@ -1,12 +1,7 @@
-"""Gemma 3, text only (HF gemma3_text; GGUF gemma3): Llama's trace with Gemma's changes.
-
-The embedding is scaled by √d; every block norms both sides of each sublayer ("sandwich" norms:
-the sublayer's output is normed again before the residual add); RMSNorm multiplies by (1 + w), so a
-zero weight is the identity; q and k are RMS-normed per head before RoPE (as Qwen3); the MLP is
-GeGLU with tanh-approximate GELU; attention scores are scaled by query_pre_attn_scalar^-½, not
-head_dim^-½. Layers are local (sliding window, RoPE base 10k) or global (every position, RoPE base
-1M, linear scaling on the 4B and larger), five local to one global in the released models. The head
-is the embedding. Gemma 2's final logit soft-capping is implemented where a config sets it.
+"""Gemma 3, text only (HF gemma3_text; GGUF gemma3): Gemma's trace (``layers/gemma.py``) with q and k
+RMS-normed per head before RoPE (as Qwen3) and no soft-capping. Layers are local (sliding window, RoPE
+base 10k) or global (every position, RoPE base 1M, linear scaling on the 4B and larger), five local to
+one global in the released models.
 
 Formats: HF stores each norm weight as w, the model scaling by 1 + w; llama.cpp's converter stores
 1 + w (llama.cpp's norms scale by their weight), so every norm crosses the GGUF table through
@@ -16,11 +11,8 @@ NORM_PLUS_ONE. Q and K rows are not permuted: llama.cpp's gemma3 rotates halves 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
-import torch
-import torch.nn as nn
 from gguf import Keys, RopeScalingType
 
 from ..convert.gguf_meta import T, gguf_config, gguf_name
@@ -28,79 +20,22 @@ from ..convert.hf_config import ConfigFields, build_config
 from ..convert.hf_decoder import rope_from_hf
 from ..convert.keymap import KeyMap, Map, TensorInfo, Tied, Transform
 from ..errors import GptconvError, where
-from ..layers.attention import Attention
-from ..layers.config_checks import check_range, check_rope_heads, check_sizes
-from ..layers.kv_cache import KVCache
-from ..layers.linear import linear
-from ..layers.mlp import GeGLU
-from ..layers.norms import OffsetRMSNorm
-from ..layers.rope import RopeScaling, rope_frequencies
-from ..layers.step import Step
-from ..layers.tap import Tap, no_tap
+from ..layers.gemma import FULL, SLIDING, Gemma, GemmaConfig, default_layer_types
+from ..layers.rope import RopeScaling
 from .base import Family, Preset, Wrapper
-
-SLIDING, FULL = "sliding_attention", "full_attention"  # HF's layer_types
-
-
-def default_layer_types(n_layers: int, pattern: int = 6) -> tuple[str, ...]:
-    """Every ``pattern``-th layer global, the others local (transformers' and llama.cpp's default)."""
-    return tuple(FULL if (i + 1) % pattern == 0 else SLIDING for i in range(n_layers))
-
-
-@dataclass(frozen=True)
-class Gemma3Config:
-    vocab_size: int
-    context_length: int  # HF: max_position_embeddings
-    d_model: int
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int
-    d_ff: int
-    head_dim: int
-    sliding_window: int  # local layers see their last sliding_window positions, their own included
-    layer_types: tuple[str, ...] = ()  # per layer, SLIDING or FULL; () → default_layer_types
-    query_pre_attn_scalar: float = 256.0  # attention scores × query_pre_attn_scalar^-½
-    norm_eps: float = 1e-6
-    rope_theta: float = 1_000_000.0  # global layers
-    rope_scaling: RopeScaling | None = None  # global layers (linear, factor 8, on the 4B and larger)
-    rope_local_theta: float = 10_000.0  # local layers, never scaled
-    final_logit_softcapping: float | None = None  # Gemma 2: logits = c · tanh(logits / c); Gemma 3: None
-    attention_dropout: float = 0.0  # on the attention weights, in train mode only
-    bos_token_id: int | None = None
-    eos_token_id: int | None = None
-
-    arch = "gemma3"
-    family = "gemma3"
-
-    def __post_init__(self) -> None:
-        check_sizes(self, {"vocab_size": 10_000_000, "context_length": 1 << 24, "d_model": 1 << 16,
-                           "n_layers": 1024, "n_heads": 1024, "n_kv_heads": 1024, "d_ff": 1 << 20,
-                           "head_dim": 4096, "sliding_window": 1 << 24})
-        check_range(self, ("norm_eps",), 0.0, 1.0, low_open=True)
-        check_range(self, ("rope_theta", "rope_local_theta"), 0.0, 1e12, low_open=True)
-        check_range(self, ("query_pre_attn_scalar",), 0.0, 1e9, low_open=True)
-        check_range(self, ("attention_dropout",), 0.0, 1.0)
-        if self.final_logit_softcapping is not None:
-            check_range(self, ("final_logit_softcapping",), 0.0, 1e9, low_open=True)
-        check_rope_heads(self)
-        types = tuple(self.layer_types) or default_layer_types(self.n_layers)
-        if len(types) != self.n_layers or any(t not in (SLIDING, FULL) for t in types):
-            raise ValueError(f"layer_types must give '{SLIDING}' or '{FULL}' for each of the {self.n_layers} layers")
-        object.__setattr__(self, "layer_types", types)
-
 
 # The published configs (config.json of each google/gemma-3-*-pt repository; 4b: its text_config)
 PRESETS: dict[str, Preset] = {
-    "gemma-3-270m": Preset(Gemma3Config(
+    "gemma-3-270m": Preset(GemmaConfig(
         vocab_size=262144, context_length=32768, d_model=640, n_layers=18, n_heads=4, n_kv_heads=1, d_ff=2048,
         head_dim=256, sliding_window=512, layer_types=default_layer_types(18), query_pre_attn_scalar=256.0,
         rope_theta=1_000_000.0, rope_local_theta=10_000.0, bos_token_id=2, eos_token_id=1), "google/gemma-3-270m"),
-    "gemma-3-1b": Preset(Gemma3Config(
+    "gemma-3-1b": Preset(GemmaConfig(
         vocab_size=262144, context_length=32768, d_model=1152, n_layers=26, n_heads=4, n_kv_heads=1, d_ff=6912,
         head_dim=256, sliding_window=512, layer_types=default_layer_types(26), query_pre_attn_scalar=256.0,
         rope_theta=1_000_000.0, rope_local_theta=10_000.0, bos_token_id=2, eos_token_id=1), "google/gemma-3-1b-pt"),
     # the 4B's repo holds the multimodal model (model_type gemma3: text and vision); the preset is its text model
-    "gemma-3-4b": Preset(Gemma3Config(
+    "gemma-3-4b": Preset(GemmaConfig(
         vocab_size=262208, context_length=131072, d_model=2560, n_layers=34, n_heads=8, n_kv_heads=4, d_ff=10240,
         head_dim=256, sliding_window=1024, layer_types=default_layer_types(34), query_pre_attn_scalar=256.0,
         rope_theta=1_000_000.0, rope_scaling=RopeScaling("linear", factor=8.0), rope_local_theta=10_000.0,
@@ -108,79 +43,10 @@ PRESETS: dict[str, Preset] = {
 }
 
 
-class Gemma3(nn.Module):
-    def __init__(self, config: Gemma3Config) -> None:
-        super().__init__()
-        self.config = config
-        self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
-        self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layers))
-        self.norm_f = OffsetRMSNorm(config.d_model, config.norm_eps)
-        self._inv_freq: dict[tuple[str, torch.device], torch.Tensor] = {}
-
-    def forward(
-        self, ids: torch.Tensor, cache: KVCache | None = None, last_only: bool = False, tap: Tap = no_tap,
-        attention_mask: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """Token ids (B, T) → logits (B, T, V), or (B, 1, V) with ``last_only``. ``attention_mask``
-        (B, T), 0 at pad tokens (left or right): each sequence gets the logits it gets alone."""
-        c = self.config
-        step = Step.begin(ids, cache, attention_mask, tap, c.context_length)
-        # √d rounded to the weights' dtype first, as HF does (in bfloat16 √640 is 25.25, not 25.298)
-        x = self.tok_emb(ids) * torch.tensor(c.d_model**0.5).to(self.tok_emb.weight.dtype)  # (B, T, d)
-        tap("token_embedding", x)
-        angles = {kind: step.angles(self.inv_freq(kind, ids.device), x.dtype)  # (T, hd) each: local and global
-                  for kind in set(c.layer_types)}
-        for i, block in enumerate(self.blocks):
-            x = block(x, step.at(i, angles[c.layer_types[i]]))      # (B, T, d)
-            tap(f"block.{i}", x)
-        if last_only:
-            x = x[:, -1:]                                           # (B, 1, d): only the next token matters
-        x = self.norm_f(x)                                          # (B, T, d)
-        tap("final_norm", x)
-        logits = linear(x, self.tok_emb.weight)                     # (B, T, V): the head is the embedding
-        if c.final_logit_softcapping is not None:
-            logits = soft_cap(logits, c.final_logit_softcapping)    # (B, T, V), within ±cap
-        tap("logits", logits)
-        return logits
-
-    def inv_freq(self, kind: str, device: torch.device) -> torch.Tensor:
-        if (kind, device) not in self._inv_freq:
-            c = self.config
-            theta, scaling = (c.rope_local_theta, None) if kind == SLIDING else (c.rope_theta, c.rope_scaling)
-            self._inv_freq[kind, device] = rope_frequencies(c.head_dim, theta, scaling).to(device)
-        return self._inv_freq[kind, device]
-
-
-class Block(nn.Module):
-    def __init__(self, config: Gemma3Config, layer: int) -> None:
-        super().__init__()
-        d, eps = config.d_model, config.norm_eps
-        self.norm1, self.post_attn_norm = OffsetRMSNorm(d, eps), OffsetRMSNorm(d, eps)
-        c = config
-        self.attn = Attention(d, c.n_heads, c.n_kv_heads, c.head_dim, qk_norm=lambda hd: OffsetRMSNorm(hd, eps),
-                              window=c.sliding_window if c.layer_types[layer] == SLIDING else None,
-                              scale=c.query_pre_attn_scalar**-0.5, dropout=c.attention_dropout)
-        self.norm2, self.post_mlp_norm = OffsetRMSNorm(d, eps), OffsetRMSNorm(d, eps)
-        self.mlp = GeGLU(config.d_model, config.d_ff)
-
-    def forward(self, x: torch.Tensor, step: Step) -> torch.Tensor:
-        h = self.post_attn_norm(self.attn(self.norm1(x), step))    # (B, T, d)
-        step.tap("post_attention_norm", h)
-        x = x + h
-        h = self.post_mlp_norm(self.mlp(self.norm2(x)))             # (B, T, d)
-        step.tap("post_feedforward_norm", h)
-        return x + h
-
-
-def soft_cap(x: torch.Tensor, cap: float) -> torch.Tensor:
-    """cap · tanh(x / cap): near x for |x| ≪ cap, never past ±cap."""
-    return torch.tanh(x / cap) * cap
-
-
 GELU_TANH = "gelu_pytorch_tanh"
 
 
-def gemma3_config_from_hf(data: dict[str, Any], origin: object) -> Gemma3Config:
+def gemma3_config_from_hf(data: dict[str, Any], origin: object) -> GemmaConfig:
     f = ConfigFields(data, origin)
     act = f.str("hidden_activation", None) or f.str("hidden_act", GELU_TANH)
     if act != GELU_TANH:
@@ -198,7 +64,7 @@ def gemma3_config_from_hf(data: dict[str, Any], origin: object) -> Gemma3Config:
         raise f.error("'sliding_window' is null but some layers are sliding_attention (no window is not supported)")
     (theta, scaling), local_theta = _rope(f)
     return build_config(
-        Gemma3Config, f,
+        GemmaConfig, f,
         **f.common(context_length="max_position_embeddings", d_model="hidden_size", n_layers="num_hidden_layers",
                    n_heads="num_attention_heads"),
         # absent fields take Gemma3TextConfig's defaults, as transformers would
@@ -250,7 +116,7 @@ def _layer_types(f: ConfigFields, n_layers: int) -> tuple[str, ...]:
     return tuple(types)
 
 
-def gemma3_config_to_hf(c: Gemma3Config) -> dict[str, Any]:
+def gemma3_config_to_hf(c: GemmaConfig) -> dict[str, Any]:
     """The config.json transformers needs to build Gemma3ForCausalLM (model_type gemma3_text) for ``c``."""
     full: dict[str, Any] = {"rope_type": "default", "rope_theta": c.rope_theta}
     if c.rope_scaling is not None:
@@ -324,7 +190,7 @@ def llama_cpp_query_scalar(n_layers: int, d_model: int, n_heads: int, head_dim: 
     return d_model / n_heads if n_layers == 62 else float(head_dim)
 
 
-def gemma3_config_from_gguf(f: Any, tensors: dict[str, TensorInfo]) -> Gemma3Config:
+def gemma3_config_from_gguf(f: Any, tensors: dict[str, TensorInfo]) -> GemmaConfig:
     heads = f.get(Keys.Attention.HEAD_COUNT, int)
     d = f.get(Keys.LLM.EMBEDDING_LENGTH, int)
     n_layers = f.get(Keys.LLM.BLOCK_COUNT, int)
@@ -349,7 +215,7 @@ def gemma3_config_from_gguf(f: Any, tensors: dict[str, TensorInfo]) -> Gemma3Con
     except ValueError as e:
         raise where(f.path, str(e)) from None
     return gguf_config(
-        Gemma3Config, f, tensors,
+        GemmaConfig, f, tensors,
         n_kv_heads=f.get(Keys.Attention.HEAD_COUNT_KV, int, heads),
         d_ff=f.get(Keys.LLM.FEED_FORWARD_LENGTH, int),
         head_dim=head_dim,
@@ -365,20 +231,20 @@ def gemma3_config_from_gguf(f: Any, tensors: dict[str, TensorInfo]) -> Gemma3Con
     )
 
 
-def gguf_llama_cpp_mismatch(c: Gemma3Config) -> str | None:
+def gguf_llama_cpp_mismatch(c: GemmaConfig) -> str | None:
     """Why llama.cpp's gemma3 cannot run ``c`` as it is, or None."""
     if c.layer_types != default_layer_types(c.n_layers, LLAMA_CPP_SWA_PATTERN):
         return f"llama.cpp's gemma3 makes every {LLAMA_CPP_SWA_PATTERN}th layer global; this model's layer_types differ"
     return None
 
 
-def query_scale_to_write(c: Gemma3Config) -> float | None:
+def query_scale_to_write(c: GemmaConfig) -> float | None:
     """The attention scale to store (``attention.scale``) where llama.cpp would assume another one."""
     assumed = llama_cpp_query_scalar(c.n_layers, c.d_model, c.n_heads, c.head_dim)
     return None if math.isclose(assumed, c.query_pre_attn_scalar, rel_tol=1e-6) else c.query_pre_attn_scalar**-0.5
 
 
-def gemma3_gguf_metadata(w: Any, cfg: Gemma3Config) -> None:
+def gemma3_gguf_metadata(w: Any, cfg: GemmaConfig) -> None:
     """What llama.cpp's converter writes for Gemma 3 (its TextModel's keys, then Gemma3Model's): no
     vocab_size, no rope dimension; both RoPE bases; the window (llama.cpp places the global layers itself)."""
     if (problem := gguf_llama_cpp_mismatch(cfg)) is not None:
@@ -406,7 +272,7 @@ def gemma3_gguf_metadata(w: Any, cfg: Gemma3Config) -> None:
         w.add_attention_scale(scale)
 
 
-def describe(cfg: Gemma3Config) -> list[str]:
+def describe(cfg: GemmaConfig) -> list[str]:
     local = sum(t == SLIDING for t in cfg.layer_types)
     scaling = f", {cfg.rope_scaling.kind} scaling" if cfg.rope_scaling else ""
     return [f"position: RoPE on q and k; {local} local layers see their last {cfg.sliding_window} positions "
@@ -415,7 +281,7 @@ def describe(cfg: Gemma3Config) -> list[str]:
 
 
 FAMILY = Family(
-    name="gemma3", config_class=Gemma3Config, model_class=Gemma3, presets=PRESETS,
+    name="gemma3", config_class=GemmaConfig, model_class=Gemma, presets=PRESETS,
     hf_model_types=("gemma3_text",), config_from_hf=gemma3_config_from_hf, config_to_hf=gemma3_config_to_hf,
     hf_keymap=lambda config: GEMMA3_HF,
     gguf_arch="gemma3", config_from_gguf=gemma3_config_from_gguf, gguf_keymap=lambda config: GEMMA3_GGUF,

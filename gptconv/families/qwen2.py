@@ -1,5 +1,6 @@
 """Qwen2 / Qwen2.5 (HF qwen2; GGUF qwen2): the Llama decoder with biases on q, k and v (none on the
-output or the MLP). Sliding windows only with ``use_sliding_window``, refused unless on every layer.
+output or the MLP). Sliding windows only with ``use_sliding_window``, on the layers ``layer_types`` says
+(else from ``max_window_layers`` on); llama.cpp's qwen2 has none, so such a model is not exported to GGUF.
 llama.cpp's qwen2 rotates halves as HF does: no Q/K permutation.
 """
 
@@ -12,7 +13,8 @@ from ..convert.gguf_decoder import (add_decoder_hparams, add_key_length, add_lin
                                     window_of)
 from ..convert.hf_config import ConfigFields
 from ..convert.hf_decoder import (ATTENTION, DECODER_HF_STEPS, MLP, NORMS, decoder_config_from_hf, decoder_config_to_hf,
-                                  decoder_hf_keymap, describe_decoder, window_where_enabled)
+                                  decoder_hf_keymap, describe_decoder, window_where_enabled,
+                                  windows_to_hf)
 from ..layers.decoder import Llama, LlamaConfig
 from .base import Family, Preset
 
@@ -27,11 +29,12 @@ PRESETS: dict[str, Preset] = {
 def config_from_hf(data: dict[str, Any], origin: object) -> LlamaConfig:
     f = ConfigFields(data, origin)
     return decoder_config_from_hf(f, "qwen2", {}, qkv_bias=True, o_bias=False,
-                                  sliding_window=window_where_enabled(f, max_window_layers=28))
+                                  **window_where_enabled(f, max_window_layers=28))
 
 
 def config_to_hf(c: LlamaConfig) -> dict[str, Any]:
-    return decoder_config_to_hf(c, "qwen2", "Qwen2ForCausalLM", biases=(True, False, False), window=False)
+    return {**decoder_config_to_hf(c, "qwen2", "Qwen2ForCausalLM", biases=(True, False, False), has={"layer_types"}),
+            **windows_to_hf(c)}
 
 
 def config_from_gguf(f: Any, tensors: dict) -> LlamaConfig:

@@ -12,7 +12,8 @@ from ..convert.gguf_decoder import (QK_NORM as GGUF_QK_NORM, add_decoder_hparams
                                     standard_layer, window_of)
 from ..convert.hf_config import ConfigFields
 from ..convert.hf_decoder import (ATTENTION, DECODER_HF_STEPS, MLP, NORMS, QK_NORM, decoder_config_from_hf,
-                                  decoder_config_to_hf, decoder_hf_keymap, describe_decoder, window_where_enabled)
+                                  decoder_config_to_hf, decoder_hf_keymap, describe_decoder, window_where_enabled,
+                                  windows_to_hf)
 from ..layers.decoder import Llama, LlamaConfig
 from .base import Family, Preset, Wrapper
 
@@ -36,12 +37,13 @@ def config_from_hf(data: dict[str, Any], origin: object) -> LlamaConfig:
     f = ConfigFields(data, origin)
     bias = f.bool("attention_bias", False)
     return decoder_config_from_hf(f, "qwen3", {}, qkv_bias=bias, o_bias=bias, qk_norm=True,
-                                  sliding_window=window_where_enabled(f, max_window_layers=28))
+                                  **window_where_enabled(f, max_window_layers=28))
 
 
 def config_to_hf(c: LlamaConfig) -> dict[str, Any]:
-    return decoder_config_to_hf(c, "qwen3", "Qwen3ForCausalLM", biases=(c.qkv_bias, c.qkv_bias, False), window=False,
-                                qk_norm=True)
+    return {**decoder_config_to_hf(c, "qwen3", "Qwen3ForCausalLM", biases=(c.qkv_bias, c.qkv_bias, False),
+                                   qk_norm=True, has={"layer_types"}),
+            **windows_to_hf(c)}
 
 
 def config_from_gguf(f: Any, tensors: dict) -> LlamaConfig:

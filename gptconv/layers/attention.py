@@ -76,6 +76,7 @@ def causal_attention(
     window: int | None = None,
     scale: float | None = None,
     padding: Padding | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """softmax(q kᵀ · scale + mask) v, with torch's fused kernel (scale defaults to 1/√hd).
 
@@ -85,10 +86,14 @@ def causal_attention(
     sees only the last ``window`` positions, its own included (key j with i − j < window, as
     transformers and llama.cpp count). When n_kv_heads < n_heads (GQA) each K/V head serves
     n_heads / n_kv_heads query heads (torch's ``enable_gqa`` is ``repeat_kv`` without the copy).
-    With ``padding`` (a batch with pad tokens) its mask says what each query sees.
+    With ``padding`` (a batch with pad tokens) its mask says what each query sees. ``softcap`` (Gemma 2):
+    scores become softcap · tanh(scores / softcap) before the mask, which torch's fused kernel cannot do.
     """
     gqa = k.size(1) != q.size(1)
     t, n = q.size(2), k.size(2)
+    if softcap is not None:
+        visible = padding.mask(window) if padding is not None else attention_mask(t, n - t, window, q.device)
+        return capped_attention(q, k, v, visible, scale, softcap, dropout_p)
     kw = dict(dropout_p=dropout_p, enable_gqa=gqa, scale=scale)
     if padding is not None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=padding.mask(window), **kw)
@@ -99,6 +104,22 @@ def causal_attention(
     if window is None and t == 1:  # one new query sees every stored key: no mask needed
         return F.scaled_dot_product_attention(q, k, v, **kw)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask(t, past, window, q.device), **kw)
+
+
+def capped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor, scale: float | None,
+                     softcap: float, dropout_p: float) -> torch.Tensor:
+    """softmax(cap · tanh(q kᵀ · scale / cap) + mask) v, spelled out: the softmax in float32, as HF's
+    eager attention (the only one transformers runs Gemma 2 with). ``visible``: (…, T, N) booleans."""
+    group = q.size(1) // k.size(1)
+    if group > 1:  # GQA: each K/V head serves ``group`` query heads
+        k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    scores = q @ k.transpose(-1, -2) * (q.size(-1) ** -0.5 if scale is None else scale)  # (B, h, T, N)
+    scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.masked_fill(~visible, float("-inf"))
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    if dropout_p:
+        weights = torch.nn.functional.dropout(weights, dropout_p)
+    return weights @ v
 
 
 def attention_mask(t: int, past: int, window: int | None, device: torch.device) -> torch.Tensor:
@@ -116,20 +137,27 @@ class Attention(nn.Module):
     by n_heads / n_kv_heads query heads), an optional norm on each q and k head before RoPE, the cache,
     causal attention within an optional ``window``, scores × ``scale`` (None: head_dim^-½), the output
     projection. What a family varies is what it passes: biases, the head norm (``qk_norm``: a norm
-    module's class, built for head_dim), the window of this layer, the scale."""
+    module's class; ``qk_norm_over`` "head": built for head_dim and shared by the heads, "all": over the
+    whole projection, before it is split into heads, as OLMo 2), the window of this layer, whether it
+    rotates at all (``rope`` False: a NoPE layer, SmolLM3's every 4th), the scale, a soft cap on scores."""
 
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, head_dim: int, *, qkv_bias: bool = False,
-                 o_bias: bool = False, qk_norm: Callable[[int], nn.Module] | None = None, window: int | None = None,
-                 scale: float | None = None, dropout: float = 0.0) -> None:
+                 o_bias: bool = False, qk_norm: Callable[[int], nn.Module] | None = None, qk_norm_over: str = "head",
+                 window: int | None = None, rope: bool = True, scale: float | None = None, softcap: float | None = None,
+                 dropout: float = 0.0) -> None:
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
         self.q = Linear(d_model, n_heads * head_dim, bias=qkv_bias)
         self.k = Linear(d_model, n_kv_heads * head_dim, bias=qkv_bias)
         self.v = Linear(d_model, n_kv_heads * head_dim, bias=qkv_bias)
         self.o = Linear(n_heads * head_dim, d_model, bias=o_bias)
-        self.q_norm = qk_norm(head_dim) if qk_norm else None  # per head, shared by all heads
-        self.k_norm = qk_norm(head_dim) if qk_norm else None
-        self.window, self.scale, self.dropout = window, scale, dropout
+        if qk_norm_over not in ("head", "all"):
+            raise ValueError(f"qk_norm_over '{qk_norm_over}': 'head' or 'all'")
+        self.qk_norm_over = qk_norm_over
+        whole = qk_norm_over == "all"
+        self.q_norm = qk_norm(n_heads * head_dim if whole else head_dim) if qk_norm else None
+        self.k_norm = qk_norm(n_kv_heads * head_dim if whole else head_dim) if qk_norm else None
+        self.window, self.rope, self.scale, self.softcap, self.dropout = window, rope, scale, softcap, dropout
 
     def make_state(self, batch: int, max_len: int, dtype: torch.dtype, device: torch.device,
                    reserve: int | None) -> LayerKV:
@@ -139,17 +167,23 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, step) -> torch.Tensor:
         """(B, T, d) → (B, T, d) at ``step`` (a ``layers.step.Step`` at this layer: angles, cache, padding, tap)."""
         B, T, _ = x.shape
-        q = self.q(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)     # (B, h, T, hd)
-        k = self.k(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, h_kv, T, hd)
-        v = self.v(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, h_kv, T, hd)
-        if self.q_norm is not None:
+        q, k, v = self.q(x), self.k(x), self.v(x)                  # (B, T, h·hd), (B, T, h_kv·hd) twice
+        if self.q_norm is not None and self.qk_norm_over == "all":
+            q, k = self.q_norm(q), self.k_norm(k)                   # the whole projection normed
+            step.tap("q_norm", q)                                   # (B, T, h·hd)
+            step.tap("k_norm", k)
+        q = q.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)     # (B, h, T, hd)
+        k = k.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, h_kv, T, hd)
+        v = v.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, h_kv, T, hd)
+        if self.q_norm is not None and self.qk_norm_over == "head":
             q, k = self.q_norm(q), self.k_norm(k)                   # each head normed
             step.tap("q_norm", q)                                   # (B, h, T, hd)
             step.tap("k_norm", k)
-        q, k = rope(q, step.cos, step.sin), rope(k, step.cos, step.sin)  # position enters here, and only here
+        if self.rope:  # position enters here, and only here (a NoPE layer sees order only through the mask)
+            q, k = rope(q, step.cos, step.sin), rope(k, step.cos, step.sin)
         if step.cache is not None:
             k, v = step.cache.update(step.layer, k, v)              # (B, h_kv, past + T, hd)
         p = self.dropout if self.training else 0.0
         # (B, h, T, hd): GQA shares K/V
-        y = causal_attention(q, k, v, k.size(2) - T, p, self.window, self.scale, step.pad)
+        y = causal_attention(q, k, v, k.size(2) - T, p, self.window, self.scale, step.pad, self.softcap)
         return self.o(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))

@@ -3,8 +3,8 @@
 No position embedding (RoPE rotates Q and K inside every attention layer), RMSNorm for LayerNorm,
 a SwiGLU MLP (or routed experts) for GELU, and grouped-query attention (n_kv_heads ≤ n_heads K/V
 heads, each shared by n_heads / n_kv_heads query heads). A family file (``gptconv/families/``) gives
-its config's ``family`` and the options below it uses (biases, a window, q/k norms, experts); the
-forward does not depend on the family.
+its config's ``family`` and the options below it uses (biases, windows, q/k norms, experts, NoPE
+layers, partial rotary, where the norms sit, µP multipliers); the forward does not depend on the family.
 """
 
 from __future__ import annotations
@@ -24,6 +24,9 @@ from .rope import RopeScaling, rope_frequencies
 from .step import Step
 from .tap import Tap, no_tap
 
+SLIDING, FULL = "sliding_attention", "full_attention"  # HF's layer_types
+NORM_PLACES = ("pre", "post", "sandwich")
+
 
 @dataclass(frozen=True)
 class LlamaConfig:
@@ -42,10 +45,23 @@ class LlamaConfig:
     qkv_bias: bool = False  # biases on q, k, v
     o_bias: bool = False
     mlp_bias: bool = False
-    sliding_window: int | None = None  # every layer attends to its last sliding_window positions
-    qk_norm: bool = False  # RMSNorm on each head of q and k, before RoPE
+    sliding_window: int | None = None  # layers attend to their last sliding_window positions: every layer,
+    layer_types: tuple[str, ...] = ()  # or those SLIDING here (per layer, SLIDING or FULL); () → every layer
+    qk_norm: bool = False  # RMSNorm on q and k, before RoPE:
+    qk_norm_over: str = "head"  # on each head (Qwen3), or "all": the whole projection (OLMo 2)
+    rope_layers: tuple[bool, ...] = ()  # per layer, whether RoPE rotates q and k (False: a NoPE layer); () → all
+    rope_dim: int = 0  # the first rope_dim dimensions of each head are rotated (partial rotary); 0 → head_dim
+    norms: str = "pre"  # "pre": RMSNorm before each sublayer; "post": on its output before the residual
+    # add (OLMo 2, EXAONE 4); "sandwich": both
+    embedding_multiplier: float = 1.0  # µP (Granite): the token embedding ×,
+    residual_multiplier: float = 1.0  # each sublayer's output × before the residual add,
+    attention_scale: float | None = None  # attention scores × (None: head_dim^-½),
+    logits_scaling: float = 1.0  # the logits ÷
     n_experts: int = 0  # routed experts: a router picks n_experts_used of n_experts SwiGLU MLPs per token
     n_experts_used: int = 0
+    norm_topk_prob: bool = True  # the chosen experts' probabilities renormalised to sum to 1 (Mixtral)
+    moe_d_ff: int = 0  # each expert's hidden size; 0 → d_ff (then d_ff is the dense layers')
+    moe_layers: tuple[bool, ...] = ()  # per layer, experts (True) or the dense SwiGLU; () → experts on all
     attention_dropout: float = 0.0  # on the attention weights, in train mode only
     # training-time features of the source's config that gptconv does not implement (residual dropout,
     # router jitter noise, …): inference is exact without them, train() refuses
@@ -71,6 +87,66 @@ class LlamaConfig:
             check_sizes(self, {"sliding_window": 1 << 24})
         if self.n_experts or self.n_experts_used:
             check_sizes(self, {"n_experts": 1024, "n_experts_used": self.n_experts})
+        if self.moe_d_ff:
+            check_sizes(self, {"moe_d_ff": 1 << 20})
+        if self.rope_dim:
+            check_sizes(self, {"rope_dim": self.head_dim})
+            if self.rope_dim % 2:
+                raise ValueError(f"rope_dim = {self.rope_dim} is odd: RoPE rotates pairs")
+        if self.norms not in NORM_PLACES or self.qk_norm_over not in ("head", "all"):
+            raise ValueError(f"norms '{self.norms}' / qk_norm_over '{self.qk_norm_over}' unknown")
+        check_range(self, ("embedding_multiplier", "residual_multiplier", "logits_scaling"), 0.0, 1e6, low_open=True)
+        if self.attention_scale is not None:
+            check_range(self, ("attention_scale",), 0.0, 1e6, low_open=True)
+        for name, allowed in (("layer_types", (SLIDING, FULL)), ("rope_layers", (True, False)),
+                              ("moe_layers", (True, False))):
+            value = tuple(getattr(self, name))
+            if value and (len(value) != self.n_layers or any(v not in allowed or type(v) is not type(allowed[0])
+                                                               for v in value)):
+                raise ValueError(f"{name} must give one of {allowed} for each of the {self.n_layers} layers")
+            object.__setattr__(self, name, value)
+        if SLIDING in self.layer_types and self.sliding_window is None:
+            raise ValueError("layer_types has sliding layers but sliding_window is None")
+        # one spelling per model: a per-layer tuple that says the same of every layer is ()
+        if self.layer_types and all(t == SLIDING for t in self.layer_types):
+            object.__setattr__(self, "layer_types", ())
+        if self.layer_types and all(t == FULL for t in self.layer_types):
+            object.__setattr__(self, "layer_types", ())
+            object.__setattr__(self, "sliding_window", None)
+        for name in ("rope_layers", "moe_layers"):
+            if all(getattr(self, name)):
+                object.__setattr__(self, name, ())
+        if self.moe_layers and not self.n_experts:
+            raise ValueError("moe_layers without experts")
+        if self.rope_dim == self.head_dim:
+            object.__setattr__(self, "rope_dim", 0)
+        s, pairs = self.rope_scaling, (self.rope_dim or self.head_dim) // 2
+        if s is not None and s.kind == "longrope" and len(s.factors) != pairs:
+            raise ValueError(f"longrope has {len(s.factors)} RoPE factors for {pairs} frequencies")
+
+    def features(self) -> set[str]:
+        """What this config asks of the decoder beyond Llama's, by the names a family's writers say they
+        have (a writer refuses a config with a feature its format has no place for)."""
+        c = self
+        return {name for name, on in (
+            ("layer_types", bool(c.layer_types)), ("NoPE layers", bool(c.rope_layers)),
+            ("partial rotary", bool(c.rope_dim)),
+            ("longrope", c.rope_scaling is not None and c.rope_scaling.kind == "longrope"),
+            (f"{c.norms} norms", c.norms != "pre"), ("q/k norm over the projection", c.qk_norm_over != "head"),
+            ("µP multipliers", (c.embedding_multiplier, c.residual_multiplier, c.attention_scale, c.logits_scaling)
+             != (1.0, 1.0, None, 1.0)),
+            ("unnormalised expert weights", not c.norm_topk_prob), ("expert size", bool(c.moe_d_ff)),
+            ("dense layers among experts", bool(c.moe_layers))) if on}
+
+    def window(self, layer: int) -> int | None:
+        """The window layer ``layer`` attends within (None: every position)."""
+        return self.sliding_window if not self.layer_types or self.layer_types[layer] == SLIDING else None
+
+    def rope_at(self, layer: int) -> bool:
+        return not self.rope_layers or self.rope_layers[layer]
+
+    def experts_at(self, layer: int) -> bool:
+        return bool(self.n_experts) and (not self.moe_layers or self.moe_layers[layer])
 
 
 class Llama(nn.Module):
@@ -78,10 +154,10 @@ class Llama(nn.Module):
         super().__init__()
         self.config = config
         self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
-        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
+        self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layers))
         self.norm_f = RMSNorm(config.d_model, config.norm_eps)
         self.lm_head = None if config.tie_embeddings else Linear(config.d_model, config.vocab_size, bias=False)
-        self._inv_freq: dict[torch.device, torch.Tensor] = {}
+        self._inv_freq: dict[tuple[torch.device, bool], torch.Tensor] = {}
 
     def forward(
         self, ids: torch.Tensor, cache: KVCache | None = None, last_only: bool = False, tap: Tap = no_tap,
@@ -89,10 +165,18 @@ class Llama(nn.Module):
     ) -> torch.Tensor:
         """Token ids (B, T) → logits (B, T, V), or (B, 1, V) with ``last_only``. ``attention_mask``
         (B, T), 0 at pad tokens (left or right): each sequence gets the logits it gets alone."""
-        step = Step.begin(ids, cache, attention_mask, tap, self.config.context_length)
+        c = self.config
+        step = Step.begin(ids, cache, attention_mask, tap, c.context_length)
         x = self.tok_emb(ids)                                       # (B, T, d): no position embedding
+        if c.embedding_multiplier != 1.0:
+            x = x * c.embedding_multiplier                          # µP: the embedding scaled
         tap("token_embedding", x)
-        angles = step.angles(self.inv_freq(ids.device), x.dtype)   # (T, hd) each: used inside attention
+        # (T, rope_dim) each: used inside attention; longrope's long factors once a step reaches past the
+        # original context (transformers' rule, decided per forward call)
+        s = c.rope_scaling
+        long = s is not None and s.kind == "longrope" and step.reach > s.original_context_length
+        factor = s.attention_factor if s is not None and s.kind == "longrope" else 1.0
+        angles = step.angles(self.inv_freq(ids.device, long), x.dtype, factor)
         for i, block in enumerate(self.blocks):
             x = block(x, step.at(i, angles))                        # (B, T, d)
             tap(f"block.{i}", x)
@@ -102,6 +186,8 @@ class Llama(nn.Module):
         tap("final_norm", x)
         head = self.tok_emb.weight if self.lm_head is None else self.lm_head.weight
         logits = linear(x, head)                                    # (B, T, V)
+        if c.logits_scaling != 1.0:
+            logits = logits / c.logits_scaling                      # µP: the logits scaled down
         tap("logits", logits)
         return logits
 
@@ -109,25 +195,47 @@ class Llama(nn.Module):
         refuse_training(self.config, mode)
         return super().train(mode)
 
-    def inv_freq(self, device: torch.device) -> torch.Tensor:
-        if device not in self._inv_freq:
+    def inv_freq(self, device: torch.device, long: bool = False) -> torch.Tensor:
+        if (device, long) not in self._inv_freq:
             c = self.config
-            self._inv_freq[device] = rope_frequencies(c.head_dim, c.rope_theta, c.rope_scaling).to(device)
-        return self._inv_freq[device]
+            freqs = rope_frequencies(c.rope_dim or c.head_dim, c.rope_theta, c.rope_scaling, long)
+            self._inv_freq[device, long] = freqs.to(device)
+        return self._inv_freq[device, long]
 
 
 class Block(nn.Module):
-    def __init__(self, config: LlamaConfig) -> None:
+    """x + attn(norm1(x)), then x + mlp(norm2(x)): norms before the sublayers ("pre"); after them, on the
+    sublayer's output before the residual add ("post": post_attn_norm, post_mlp_norm); or both ("sandwich")."""
+
+    def __init__(self, config: LlamaConfig, layer: int = 0) -> None:
         super().__init__()
-        self.norm1 = RMSNorm(config.d_model, config.norm_eps)
         c = config
+        pre, post = c.norms in ("pre", "sandwich"), c.norms in ("post", "sandwich")
+        norm = lambda d: RMSNorm(d, c.norm_eps)  # noqa: E731
+        self.norm1 = norm(c.d_model) if pre else None
         self.attn = Attention(c.d_model, c.n_heads, c.n_kv_heads, c.head_dim, qkv_bias=c.qkv_bias, o_bias=c.o_bias,
-                              qk_norm=(lambda d: RMSNorm(d, c.norm_eps)) if c.qk_norm else None,
-                              window=c.sliding_window, dropout=c.attention_dropout)
-        self.norm2 = RMSNorm(config.d_model, config.norm_eps)
-        self.mlp = (MoE(config.d_model, config.d_ff, config.n_experts, config.n_experts_used) if config.n_experts
-                    else SwiGLU(config.d_model, config.d_ff, config.mlp_bias))
+                              qk_norm=norm if c.qk_norm else None, qk_norm_over=c.qk_norm_over,
+                              window=c.window(layer), rope=c.rope_at(layer), scale=c.attention_scale,
+                              dropout=c.attention_dropout)
+        self.post_attn_norm = norm(c.d_model) if post else None
+        self.norm2 = norm(c.d_model) if pre else None
+        self.mlp = (MoE(c.d_model, c.moe_d_ff or c.d_ff, c.n_experts, c.n_experts_used, c.norm_topk_prob)
+                    if c.experts_at(layer) else SwiGLU(c.d_model, c.d_ff, c.mlp_bias))
+        self.post_mlp_norm = norm(c.d_model) if post else None
+        self.residual_multiplier = c.residual_multiplier
 
     def forward(self, x: torch.Tensor, step: Step) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x), step)                      # (B, T, d)
-        return x + self.mlp(self.norm2(x), step.tap)
+        h = self.attn(self.norm1(x) if self.norm1 is not None else x, step)  # (B, T, d)
+        if self.post_attn_norm is not None:
+            h = self.post_attn_norm(h)
+            step.tap("post_attention_norm", h)
+        x = x + self.scaled(h)
+        h = self.mlp(self.norm2(x) if self.norm2 is not None else x, step.tap)  # (B, T, d)
+        if self.post_mlp_norm is not None:
+            h = self.post_mlp_norm(h)
+            step.tap("post_feedforward_norm", h)
+        return x + self.scaled(h)
+
+    def scaled(self, h: torch.Tensor) -> torch.Tensor:
+        """A sublayer's output as it joins the residual stream (µP scales it)."""
+        return h if self.residual_multiplier == 1.0 else h * self.residual_multiplier

@@ -48,12 +48,12 @@ class GeGLU(nn.Module):
 
 class MoE(nn.Module):
     """A sparse MLP: a linear router scores the experts per token; the top ``top_k`` (by softmax
-    probability, renormalised to sum to 1) each run their SwiGLU on the token, and their outputs are
-    summed with those weights."""
+    probability, renormalised to sum to 1 where ``normalize``, as Mixtral; Qwen3-MoE says so in its
+    config) each run their SwiGLU on the token, and their outputs are summed with those weights."""
 
-    def __init__(self, d_model: int, d_ff: int, n_experts: int, top_k: int) -> None:
+    def __init__(self, d_model: int, d_ff: int, n_experts: int, top_k: int, normalize: bool = True) -> None:
         super().__init__()
-        self.top_k = top_k
+        self.top_k, self.normalize = top_k, normalize
         self.router = Linear(d_model, n_experts, bias=False)
         self.experts = nn.ModuleList(SwiGLU(d_model, d_ff) for _ in range(n_experts))
 
@@ -64,7 +64,8 @@ class MoE(nn.Module):
         tap("router", scores)
         probs = F.softmax(scores.float(), dim=-1)                   # (N, E), in float32 as HF does
         weights, chosen = probs.topk(self.top_k, dim=-1)            # (N, k) each
-        weights = weights / weights.sum(-1, keepdim=True)           # the chosen k sum to 1
+        if self.normalize:
+            weights = weights / weights.sum(-1, keepdim=True)       # the chosen k sum to 1
         tap("chosen_experts", chosen)
         out = torch.zeros_like(x)
         for e, expert in enumerate(self.experts):

@@ -2,7 +2,8 @@
 
 A head vector x of size hd is read as two halves (x₁, x₂); position p rotates each pair
 (x₁[j], x₂[j]) by the angle p · θ_j. HF checkpoints store Q/K projections for this layout, so
-they load without permuting rows (llama.cpp's interleaved layout needs ``permute_qk``).
+they load without permuting rows (llama.cpp's interleaved layout needs ``permute_qk``). With partial
+rotary (Phi-4-mini) only the first ``rope_dim`` dimensions of each head are rotated, the rest pass.
 """
 
 from __future__ import annotations
@@ -19,7 +20,10 @@ class RopeScaling:
 
     kind "linear": every θ_j / factor. kind "llama3" (Llama 3.1+): long wavelengths / factor,
     short ones kept, the band between interpolated. kind "factors": θ_j / factors[j], as
-    llama.cpp stores Llama 3.1 scaling in a GGUF (the ``rope_freqs`` tensor).
+    llama.cpp stores Llama 3.1 scaling in a GGUF (the ``rope_freqs`` tensor). kind "longrope" (Phi-3
+    128k, Phi-4-mini): θ_j / short_factors[j] while a forward reaches no further than
+    original_context_length positions, θ_j / long_factors[j] once it does (as transformers decides, per
+    forward call), cos and sin × attention_factor either way.
     """
 
     kind: str
@@ -28,10 +32,18 @@ class RopeScaling:
     high_freq_factor: float = 4.0
     original_context_length: int = 8192
     factors: tuple[float, ...] = ()
+    long_factors: tuple[float, ...] = ()  # longrope: ``factors`` are the short ones
+    attention_factor: float = 1.0  # longrope: cos and sin are scaled by it
 
     def __post_init__(self) -> None:
-        if self.kind not in ("linear", "llama3", "factors"):
-            raise ValueError(f"rope scaling '{self.kind}' is not supported (only linear, llama3)")
+        if self.kind not in ("linear", "llama3", "factors", "longrope"):
+            raise ValueError(f"rope scaling '{self.kind}' is not supported (only linear, llama3, longrope)")
+        if self.kind == "longrope":
+            if len(self.factors) != len(self.long_factors) or not all(
+                    isinstance(x, (int, float)) and 0 < x < 1e6 for x in self.factors + self.long_factors):
+                raise ValueError("longrope needs as many short as long factors, each positive")
+            if not 0 < self.attention_factor < 100:
+                raise ValueError(f"longrope attention_factor {self.attention_factor!r} out of range")
         if not (0 < self.factor < 1e6) or self.original_context_length <= 0:
             raise ValueError(f"rope scaling factor {self.factor!r} / original context {self.original_context_length!r} "
                              "out of range")
@@ -39,8 +51,9 @@ class RopeScaling:
             raise ValueError("llama3 rope scaling needs high_freq_factor > low_freq_factor")
 
 
-def rope_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None = None) -> torch.Tensor:
-    """θ_j = theta^(-2j / hd) for j < hd / 2, then scaled: (hd / 2,) float32."""
+def rope_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None = None, long: bool = False) -> torch.Tensor:
+    """θ_j = theta^(-2j / hd) for j < hd / 2, then scaled: (hd / 2,) float32. ``head_dim``: the dimensions
+    rotated (the rope_dim of a partial rotary). ``long``: longrope's long factors (else its short ones)."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
     if scaling is None:
         return inv_freq
@@ -48,6 +61,13 @@ def rope_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None = 
         return inv_freq / scaling.factor
     if scaling.kind == "factors":
         return inv_freq / torch.tensor(scaling.factors, dtype=torch.float32)
+    if scaling.kind == "longrope":
+        factors = scaling.long_factors if long else scaling.factors
+        if len(factors) != inv_freq.numel():
+            raise ValueError(f"{len(factors)} RoPE factors for {inv_freq.numel()} frequencies")
+        # as transformers: θ_j = 1 / (f_j · base^(2j/hd)), one float32 rounding
+        return 1.0 / (torch.tensor(factors, dtype=torch.float32) *
+                      theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
     # llama3: a wavelength beyond the original context is divided by factor, one shorter than
     # original / high_freq_factor is kept, and those between are blended smoothly.
     old = scaling.original_context_length
@@ -60,15 +80,18 @@ def rope_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None = 
 
 
 def rope_angles(inv_freq: torch.Tensor, start: int, length: int, dtype: torch.dtype,
-                positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin of p · θ, computed in float32: for positions start … start+length-1, each (T, hd); given
-    each sequence's own ``positions`` (B, T) instead (a padded batch), each (B, 1, T, hd)."""
+                positions: torch.Tensor | None = None, factor: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin of p · θ (× ``factor``: longrope's attention factor), computed in float32: for positions
+    start … start+length-1, each (T, hd); given each sequence's own ``positions`` (B, T) instead (a padded
+    batch), each (B, 1, T, hd). hd here is the rotated dimensions (2 · len(inv_freq))."""
     if positions is None:
         positions = torch.arange(start, start + length, device=inv_freq.device)
     angles = positions.to(torch.float32)[..., None] * inv_freq  # (…, T, hd / 2)
     angles = torch.cat((angles, angles), dim=-1)                 # (…, T, hd): the same angle for both halves
     if angles.dim() == 3:
         angles = angles[:, None]                                 # (B, 1, T, hd): broadcast over heads
+    if factor != 1.0:
+        return (angles.cos() * factor).to(dtype), (angles.sin() * factor).to(dtype)
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
@@ -78,8 +101,13 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x (B, h, T, hd) by the angles of its positions."""
-    return x * cos + rotate_half(x) * sin
+    """Rotate x (B, h, T, hd) by the angles of its positions; with cos, sin of fewer dimensions (partial
+    rotary) the first cos.size(-1) are rotated and the rest pass unchanged."""
+    d = cos.size(-1)
+    if d == x.size(-1):
+        return x * cos + rotate_half(x) * sin
+    rotated, passed = x[..., :d], x[..., d:]
+    return torch.cat((rotated * cos + rotate_half(rotated) * sin, passed), dim=-1)
 
 
 def llama3_from_factors(factors: tuple[float, ...], head_dim: int, theta: float) -> RopeScaling:

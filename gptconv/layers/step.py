@@ -21,6 +21,7 @@ class Step:
     pad: Padding | None  # None: nothing padded
     cache: object | None  # KVCache, or None: no cache (prefill without one, or training)
     tap: Tap  # at the model: sees "token_embedding", "block.3", …; at a layer: "q_norm" as "block.3.q_norm"
+    reach: int  # the positions this step reaches: start + T (padded: the longest sequence's)
     layer: int = -1  # the layer this step is at (``at``), -1 at the model
     cos: torch.Tensor | None = None  # that layer's RoPE angles: (T, hd), or (B, 1, T, hd) when padded
     sin: torch.Tensor | None = None
@@ -36,7 +37,7 @@ class Step:
         n = Padding.reach(pad, start, T)
         if n > context_length:
             raise GptconvError(f"{n} positions asked for; the model has {context_length}")
-        return cls(start, T, ids.device, pad, cache, tap)
+        return cls(start, T, ids.device, pad, cache, tap, n)
 
     @property
     def positions(self) -> torch.Tensor:
@@ -45,9 +46,10 @@ class Step:
             return self.pad.positions
         return torch.arange(self.start, self.start + self.length, device=self.device)
 
-    def angles(self, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """RoPE's cos and sin at this step's positions for the frequencies ``inv_freq``."""
-        return rope_angles(inv_freq, self.start, self.length, dtype, Padding.positions_of(self.pad))
+    def angles(self, inv_freq: torch.Tensor, dtype: torch.dtype,
+               factor: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+        """RoPE's cos and sin at this step's positions for the frequencies ``inv_freq`` (× ``factor``)."""
+        return rope_angles(inv_freq, self.start, self.length, dtype, Padding.positions_of(self.pad), factor)
 
     def at(self, layer: int, angles: tuple[torch.Tensor, torch.Tensor] | None = None) -> Step:
         """This step at ``layer`` (with its RoPE angles), its tap naming the steps inside the layer."""

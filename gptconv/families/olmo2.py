@@ -1,0 +1,96 @@
+"""OLMo 2 and OLMo 3 (HF olmo2, olmo3; GGUF olmo2): the Llama decoder with its norms after the sublayers,
+not before (x + norm(attn(x)), then x + norm(mlp(x))), and q and k each RMS-normed over the whole
+projection (all heads together) before RoPE. OLMo 3 adds sliding windows on three layers of four
+(``layer_types``). llama.cpp's olmo2 rotates halves as HF does: no Q/K permutation.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gguf import Keys
+
+from ..convert.gguf_decoder import (QK_NORM as GGUF_QK_NORM, add_decoder_hparams, add_key_length,
+                                    decoder_config_from_gguf, decoder_gguf_keymap, refuse_experts, standard_layer)
+from ..convert.hf_config import ConfigFields
+from ..convert.hf_decoder import (ATTENTION, DECODER_HF_STEPS, MLP, POST_NORM_STEPS, POST_NORMS, QK_NORM,
+                                  QK_NORM_STEPS, decoder_config_from_hf, decoder_config_to_hf, decoder_hf_keymap,
+                                  describe_decoder, layer_types, no_window, windows_of_layer_types)
+from ..errors import where
+from ..layers.decoder import FULL, SLIDING, Llama, LlamaConfig
+from .base import Family, Preset
+
+_OLMO = dict(qk_norm=True, qk_norm_over="all", norms="post", family="olmo2")
+
+PRESETS: dict[str, Preset] = {
+    # allenai/OLMo-2-0425-1B: 16 layers of 2048, 16 heads, untied, RoPE base 500k
+    "olmo-2-1b": Preset(LlamaConfig(vocab_size=100352, context_length=4096, d_model=2048, n_layers=16, n_heads=16,
+                                    n_kv_heads=16, d_ff=8192, norm_eps=1e-6, rope_theta=500000.0,
+                                    bos_token_id=100257, eos_token_id=100257, **_OLMO), "allenai/OLMo-2-0425-1B"),
+}
+
+_HAS = frozenset({"post norms", "q/k norm over the projection", "layer_types"})
+
+
+def default_olmo3_layer_types(n: int) -> list[str]:
+    """OLMo 3's default: every 4th layer sees everything, the others slide (transformers' and llama.cpp's)."""
+    return [FULL if (i + 1) % 4 == 0 else SLIDING for i in range(n)]
+
+
+def config_from_hf(data: dict[str, Any], origin: object) -> LlamaConfig:
+    f = ConfigFields(data, origin)
+    bias = f.bool("attention_bias", False)
+    if f.str("model_type", "olmo2") == "olmo3":
+        windows = windows_of_layer_types(f, layer_types(f) or default_olmo3_layer_types(f.int("num_hidden_layers")))
+    else:
+        no_window(f)
+        windows = {}
+    return decoder_config_from_hf(f, "olmo2", {"rms_norm_eps": 1e-5}, qkv_bias=bias, o_bias=bias, **windows,
+                                  **{k: v for k, v in _OLMO.items() if k != "family"})
+
+
+def config_to_hf(c: LlamaConfig) -> dict[str, Any]:
+    """olmo2, or olmo3 where some layer slides (every layer's kind written: OLMo 3's default differs)."""
+    windowed = c.sliding_window is not None
+    out = decoder_config_to_hf(c, "olmo3" if windowed else "olmo2", "Olmo3ForCausalLM" if windowed
+                               else "Olmo2ForCausalLM", biases=(c.qkv_bias, c.qkv_bias, False), qk_norm=True, has=_HAS)
+    if c.qkv_bias != c.o_bias:
+        raise ValueError("HF's olmo2 has biases on all of q, k, v and the output, or none")
+    if windowed:
+        out["layer_types"] = [SLIDING if c.window(i) else FULL for i in range(c.n_layers)]
+    return out
+
+
+def config_from_gguf(f: Any, tensors: dict) -> LlamaConfig:
+    refuse_experts(f)
+    window = f.get(Keys.Attention.SLIDING_WINDOW, int, 0) or None
+    pattern = f.get(Keys.Attention.SLIDING_WINDOW_PATTERN, list, None)
+    n = f.get(Keys.LLM.BLOCK_COUNT, int)
+    if window is not None and pattern is None:
+        raise where(f.path, "olmo2: a sliding window without attention.sliding_window_pattern")
+    if pattern is not None and (len(pattern) != n or not all(isinstance(x, bool) for x in pattern)):
+        raise where(f.path, f"olmo2: attention.sliding_window_pattern must give a boolean for each of the {n} layers")
+    types = tuple(SLIDING if p else FULL for p in pattern) if window is not None else ()
+    return decoder_config_from_gguf(f, tensors, "olmo2", sliding_window=window, layer_types=types,
+                                    **{k: v for k, v in _OLMO.items() if k != "family"})
+
+
+def gguf_metadata(w: Any, c: LlamaConfig) -> None:
+    """llama.cpp's converter: the generic keys, and for OLMo 3 the window and which layers slide."""
+    add_decoder_hparams(w, c, has=_HAS, arch="olmo2")
+    add_key_length(w, c, always=False)
+    if c.sliding_window is not None:  # OLMo 3's config keys RoPE by layer type: the sliding layers' base too
+        w.add_rope_freq_base_swa(c.rope_theta)
+        w.add_sliding_window(c.sliding_window)
+        w.add_sliding_window_pattern([c.window(i) is not None for i in range(c.n_layers)])
+
+
+FAMILY = Family(
+    name="olmo2", config_class=LlamaConfig, model_class=Llama, presets=PRESETS,
+    hf_model_types=("olmo2", "olmo3"), config_from_hf=config_from_hf, config_to_hf=config_to_hf,
+    hf_keymap=lambda c: decoder_hf_keymap(c, "olmo2", POST_NORMS + ATTENTION + MLP + QK_NORM),
+    gguf_arch="olmo2", config_from_gguf=config_from_gguf,
+    gguf_keymap=lambda c: decoder_gguf_keymap(c, "olmo2", standard_layer(permuted=False) + GGUF_QK_NORM),
+    gguf_metadata=gguf_metadata,
+    hf_steps={**DECODER_HF_STEPS, **POST_NORM_STEPS, **QK_NORM_STEPS}, describe=describe_decoder,
+)

@@ -1,0 +1,120 @@
+"""The checks every family passes, run by each family's own test file (``test_family_<name>.py``).
+
+A family test file sets, at module level, what its checkpoint is and what its family adds:
+
+    ARCH = "olmo2"                  # transformers' model_type of the random-init checkpoint
+    VOCAB = "gpt-2"                 # llama.cpp's test vocabulary it carries (what both converters read)
+    SHAPE = dict(...)               # the config: tiny, every feature of the family on
+    STEPS = [...]                   # steps ``trace`` must name (the family's new ones)
+    PRESETS = {name: count}         # presets and their published parameter counts
+    KNOWN = {key: reason}           # GGUF metadata keys allowed to differ from llama.cpp's converter
+    LLAMA_CPP_LENGTH = None         # positions llama.cpp is compared on (None: verify's default)
+
+and then ``from family_battery import *``: the tests below are collected in that file, against its
+checkpoint (made once per file). Every test runs past every window the checkpoint has.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import gptconv
+import llama_cpp_tools
+from fixtures import make_checkpoint
+from gptconv.llamacpp import LlamaCpp
+from gptconv.models import PRESETS as ALL_PRESETS, build
+from gptconv.parity.compare import FP32
+from gptconv.writers import export
+from helpers import TORTURE, assert_fp32_parity, assert_generation_matches, hf_model, hf_round_trip, random_ids, run_cli
+
+PROVENANCE = {"general.name": "the model's name: ours is the output file's stem, the converter's the folder name"}
+
+
+@pytest.fixture(scope="module")
+def ckpt(request, tmp_path_factory):
+    m = request.module
+    return make_checkpoint(tmp_path_factory.mktemp(m.ARCH) / "hf", m.ARCH, m.VOCAB, m.SHAPE)
+
+
+@pytest.fixture(scope="module")
+def theirs(ckpt):
+    """llama.cpp's converter's GGUF of the checkpoint (f32)."""
+    return llama_cpp_tools.convert(ckpt, ckpt.parent / "theirs.gguf", "f32")
+
+
+@pytest.fixture(scope="module")
+def ours_gguf(ckpt):
+    return export(str(ckpt), ckpt.parent / "ours.gguf", "gguf", "f32").out
+
+
+def test_logits_match_transformers_past_every_window(ckpt):
+    ours = gptconv.load(ckpt)
+    c = ours.config
+    window = getattr(c, "sliding_window", None) or 0
+    assert c.context_length >= 3 * window
+    ids = random_ids(c.vocab_size, c.context_length)
+    with torch.no_grad():
+        assert_fp32_parity(ours(ids), hf_model(ckpt)(ids).logits, ckpt.parent.name)
+
+
+def test_kv_cache_generation_equals_recompute_and_transformers(ckpt):
+    assert_generation_matches(ckpt)
+
+
+def test_hf_export_round_trip_is_bit_exact(ckpt, tmp_path):
+    hf_round_trip(ckpt, tmp_path / "out")
+
+
+def test_verify_against_transformers_float64_calibrated(ckpt):
+    for dtype in ("float32", "bfloat16"):
+        report = gptconv.verify(str(ckpt), dtype=dtype)
+        print(f"\n{ckpt.parent.name} {dtype}: verify vs transformers: max|Δ| = {report.max_abs_diff:.3e} "
+              f"at {report.inputs['random']} positions")
+        assert report.passed, (dtype, report.first_divergent_step, report.notes)
+
+
+def test_our_gguf_equals_llama_cpps_converter(request, ours_gguf, theirs):
+    keys, tensors = llama_cpp_tools.differences(ours_gguf, theirs)
+    assert tensors == []
+    known = getattr(request.module, "KNOWN", {})
+    unexplained = {k: v for k, v in keys.items() if k not in PROVENANCE and k not in known}
+    assert not unexplained, unexplained
+
+
+def test_llama_cpps_gguf_loads_tokenizes_and_equals_ours(ckpt, theirs):
+    """The converter's file: the same weights as our model of the HF folder, bit for bit; the same
+    token ids as llama.cpp's; and it verifies against transformers (read by transformers' GGUF loader,
+    where it reads the architecture)."""
+    model, folder = gptconv.load(theirs), gptconv.load(ckpt)
+    for (a, x), (b, y) in zip(model.state_dict().items(), folder.state_dict().items()):
+        assert a == b and x.equal(y), a
+    tok = gptconv.load_tokenizer(str(theirs))
+    with LlamaCpp(theirs, vocab_only=True) as llm:
+        for text in TORTURE:
+            assert tok.encode(text) == llm.tokenize(text), text
+
+
+def test_our_gguf_verifies_against_llama_cpp(request, ours_gguf):
+    length = getattr(request.module, "LLAMA_CPP_LENGTH", None)
+    report = gptconv.verify(str(ours_gguf), against="llama.cpp", length=length)
+    print(f"\n{ours_gguf.parent.name}: our GGUF vs llama.cpp: max|Δ| = {report.max_abs_diff:.3e} "
+          f"at {report.inputs['random']} positions")
+    assert report.passed, (report.first_divergent_step, report.notes)
+
+
+def test_trace_names_the_new_steps(request, ckpt):
+    r = run_cli("trace", ckpt, "The capital of France is")
+    assert r.returncode == 0, r.stderr
+    for step in request.module.STEPS:
+        assert step in r.stdout, step
+
+
+def test_presets_have_the_published_parameter_counts(request):
+    for name, count in request.module.PRESETS.items():
+        with torch.device("meta"):
+            model = build(ALL_PRESETS[name])
+        assert sum(p.numel() for p in model.parameters()) == count, name
+
+
+__all__ = [name for name in dir() if name.startswith("test_")] + ["ckpt", "theirs", "ours_gguf", "FP32"]
