@@ -9,6 +9,8 @@ A family test file sets, at module level, what its checkpoint is and what its fa
     PRESETS = {name: count}         # presets and their published parameter counts
     KNOWN = {key: reason}           # GGUF metadata keys allowed to differ from llama.cpp's converter
     LLAMA_CPP_LENGTH = None         # positions llama.cpp is compared on (None: verify's default)
+    LLAMA_CPP_CHANGES = {}          # config changes for the checkpoint llama.cpp runs, where llama.cpp runs
+                                    # this one differently by design (a test in the file shows how)
 
 and then ``from family_battery import *``: the tests below are collected in that file, against its
 checkpoint (made once per file). Every test runs past every window the checkpoint has.
@@ -95,9 +97,13 @@ def test_llama_cpps_gguf_loads_tokenizes_and_equals_ours(ckpt, theirs):
             assert tok.encode(text) == llm.tokenize(text), text
 
 
-def test_our_gguf_verifies_against_llama_cpp(request, ours_gguf):
-    length = getattr(request.module, "LLAMA_CPP_LENGTH", None)
-    report = gptconv.verify(str(ours_gguf), against="llama.cpp", length=length)
+def test_our_gguf_verifies_against_llama_cpp(request, ours_gguf, tmp_path):
+    m = request.module
+    changes = getattr(m, "LLAMA_CPP_CHANGES", {})
+    if changes:
+        folder = make_checkpoint(tmp_path / "hf", m.ARCH, m.VOCAB, {**m.SHAPE, **changes})
+        ours_gguf = export(str(folder), tmp_path / "ours.gguf", "gguf", "f32").out
+    report = gptconv.verify(str(ours_gguf), against="llama.cpp", length=getattr(m, "LLAMA_CPP_LENGTH", None))
     print(f"\n{ours_gguf.parent.name}: our GGUF vs llama.cpp: max|Δ| = {report.max_abs_diff:.3e} "
           f"at {report.inputs['random']} positions")
     assert report.passed, (report.first_divergent_step, report.notes)
