@@ -78,7 +78,7 @@ def test_verify_against_transformers_float64_calibrated(ckpt):
 
 def test_our_gguf_equals_llama_cpps_converter(request, ours_gguf, theirs):
     keys, tensors = llama_cpp_tools.differences(ours_gguf, theirs)
-    assert tensors == []
+    assert tensors == [], tensors
     known = getattr(request.module, "KNOWN", {})
     unexplained = {k: v for k, v in keys.items() if k not in PROVENANCE and k not in known}
     assert not unexplained, unexplained

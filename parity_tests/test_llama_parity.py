@@ -9,7 +9,7 @@ import torch
 
 import gptconv
 from gptconv.errors import GptconvError
-from helpers import assert_generation_matches, assert_fp32_parity, hf_model, random_ids
+from helpers import hf_round_trip, assert_generation_matches, assert_fp32_parity, hf_model, random_ids
 
 FIXTURES = ["llama2-mha", "llama3-gqa", "llama31-scaled", "linear-scaled", "tied", "head-dim", "biases", "qwen2",
             "llama31-legacy-config", "linear-legacy-config"]
@@ -60,9 +60,23 @@ def _with_config(folder, tmp_path, **changes):
 
 
 def test_unknown_rope_type_is_an_error(llamas, tmp_path):
-    d = _with_config(llamas["llama2-mha"], tmp_path, rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0})
-    with pytest.raises(GptconvError, match="rope_type 'yarn' is not supported"):
+    d = _with_config(llamas["llama2-mha"], tmp_path, rope_parameters={"rope_type": "dynamic", "rope_theta": 1e4,
+                                                                     "factor": 2.0})
+    with pytest.raises(GptconvError, match="rope_type 'dynamic' is not supported"):
         gptconv.open_source(d)
+
+
+def test_yarn_matches_transformers_past_the_original_context(llamas, tmp_path):
+    """YaRN (a shared RoPE part; OLMo 3's full layers use it): the same logits as transformers on positions
+    past the original context, and transformers reads our HF export's YaRN back the same."""
+    d = _with_config(llamas["llama2-mha"], tmp_path / "in", rope_parameters={
+        "rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0, "original_max_position_embeddings": 16})
+    ours = gptconv.load(d)
+    assert ours.config.rope_scaling.kind == "yarn" and ours.config.context_length > 32
+    ids = torch.randint(0, ours.config.vocab_size, (1, 48), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert (ours(ids) - hf_model(d)(ids).logits).abs().max() < 1e-4
+    hf_round_trip(d, tmp_path / "out")
 
 
 def test_unsupported_activation_is_an_error(llamas, tmp_path):

@@ -67,6 +67,8 @@ def _rope_scaling(f: Any, tensors: dict[str, TensorInfo], head_dim: int) -> Rope
     kind = f.get(Keys.Rope.SCALING_TYPE, str, "none")
     if kind == "linear":
         scaling = RopeScaling("linear", factor=f.get(Keys.Rope.SCALING_FACTOR, float))
+    elif kind == "yarn":
+        scaling = yarn_of(f)
     elif kind not in ("none", ""):
         raise ValueError(f"RoPE scaling '{kind}' is not supported")
     if "rope_freqs.weight" in tensors:  # Llama 3.1 scaling, stored as one factor per frequency
@@ -75,6 +77,42 @@ def _rope_scaling(f: Any, tensors: dict[str, TensorInfo], head_dim: int) -> Rope
             raise ValueError(f"rope_freqs has {len(factors)} factors, expected {head_dim // 2} positive ones")
         scaling = RopeScaling("factors", factors=tuple(factors))
     return scaling
+
+
+def yarn_of(f: Any) -> RopeScaling:
+    """YaRN as llama.cpp runs a file: cos and sin × (0.1·ln factor + 1) × rope.scaling.attn_factor (it
+    recomputes the attention factor, whatever yarn_attn_factor says; DeepSeek's yarn_log_mul is refused)."""
+    import math
+    if f.get(Keys.Rope.SCALING_YARN_LOG_MUL, float, 0.0):
+        raise ValueError("YaRN with yarn_log_mul (DeepSeek's mscale) is not supported")
+    if f.get(Keys.Rope.SCALING_YARN_EXT_FACTOR, float, 1.0) != 1.0:
+        raise ValueError("YaRN with an extrapolation factor other than 1 is not supported")
+    factor = f.get(Keys.Rope.SCALING_FACTOR, float)
+    default = 1.0 if factor <= 1 else 0.1 * math.log(factor) + 1.0
+    return RopeScaling("yarn", factor=factor, original_context_length=f.get(Keys.Rope.SCALING_ORIG_CTX_LEN, int),
+                       attention_factor=default * f.get(Keys.Rope.SCALING_ATTN_FACTOR, float, 1.0),
+                       beta_fast=f.get(Keys.Rope.SCALING_YARN_BETA_FAST, float, 32.0),
+                       beta_slow=f.get(Keys.Rope.SCALING_YARN_BETA_SLOW, float, 1.0))
+
+
+def add_yarn_scaling(w: Any, cfg: LlamaConfig) -> None:
+    """YaRN as llama.cpp's converter writes it (the attention factor too, which llama.cpp recomputes: a
+    factor other than 0.1·ln factor + 1 is refused, since llama.cpp would not run it)."""
+    import math
+    s = cfg.rope_scaling
+    if s is None or s.kind != "yarn":
+        return
+    if not math.isclose(s.attention_factor, 0.1 * math.log(s.factor) + 1.0 if s.factor > 1 else 1.0, rel_tol=1e-6):
+        raise GptconvError(f"YaRN attention factor {s.attention_factor:g}: llama.cpp computes its own "
+                           "(0.1·ln factor + 1); not exported")
+    if not s.truncate:
+        raise GptconvError("YaRN without truncated correction dimensions: llama.cpp has no such key; not exported")
+    w.add_rope_scaling_type(RopeScalingType.YARN)
+    w.add_rope_scaling_factor(s.factor)
+    w.add_rope_scaling_orig_ctx_len(s.original_context_length)
+    w.add_rope_scaling_yarn_attn_factor(s.attention_factor)
+    w.add_rope_scaling_yarn_beta_fast(s.beta_fast)
+    w.add_rope_scaling_yarn_beta_slow(s.beta_slow)
 
 
 def _permute(w: torch.Tensor, n_heads: int) -> torch.Tensor:

@@ -40,9 +40,26 @@ def rope_from_hf(f: ConfigFields, default_theta: float = 10000.0,
                                       original_context_length=p.int("original_max_position_embeddings"))
         if kind == "longrope":
             return theta, _longrope(f, p)
+        if kind == "yarn":
+            return theta, _yarn(f, p)
     except ValueError as e:
         raise p.error(str(e)) from None
-    raise p.error(f"rope_type '{kind}' is not supported (default, linear, llama3, longrope)")
+    raise p.error(f"rope_type '{kind}' is not supported (default, linear, llama3, longrope, yarn)")
+
+
+def _yarn(f: ConfigFields, p: ConfigFields) -> RopeScaling:
+    """YaRN as transformers reads it: factor (absent: the context over the original one); attention factor
+    given, or 0.1·ln(factor) + 1 (DeepSeek's mscale / mscale_all_dim ratio where both are given)."""
+    original = p.int("original_max_position_embeddings", None) or f.int("original_max_position_embeddings")
+    factor = p.float("factor", None) or f.int("max_position_embeddings") / original
+    mscale = lambda scale, m=1.0: 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0  # noqa: E731
+    attention = p.float("attention_factor", None)
+    if attention is None:
+        m, m_all = p.float("mscale", None), p.float("mscale_all_dim", None)
+        attention = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
+    return RopeScaling("yarn", factor=factor, original_context_length=original, attention_factor=attention,
+                       beta_fast=p.float("beta_fast", None) or 32.0, beta_slow=p.float("beta_slow", None) or 1.0,
+                       truncate=p.bool("truncate", True))
 
 
 def _longrope(f: ConfigFields, p: ConfigFields) -> RopeScaling:
@@ -92,7 +109,9 @@ def decoder_config_from_hf(f: ConfigFields, family: str, defaults: dict[str, Any
     if act != "silu":
         raise f.error(f"hidden_act '{act}' is not supported (SwiGLU uses silu)")
     partial = specific.pop("partial_rotary", False)
-    theta, scaling = rope_by_layer_type(f, defaults.get("rope_theta", 10000.0), partial)
+    theta, scaling, local_theta = rope_by_layer_type(f, defaults.get("rope_theta", 10000.0), partial)
+    if local_theta is not None:
+        specific["rope_local_theta"] = local_theta
     if partial:
         head_dim = f.positive("head_dim", 0) or f.int("hidden_size") // max(f.int("num_attention_heads"), 1)
         specific["rope_dim"] = rope_dim_from_hf(f, head_dim)
@@ -167,12 +186,13 @@ def windows_to_hf(c: LlamaConfig) -> dict[str, Any]:
 
 
 def rope_by_layer_type(f: ConfigFields, default_theta: float = 10000.0,
-                       partial: bool = False) -> tuple[float, RopeScaling | None]:
-    """(theta, scaling) of a config whose ``rope_parameters`` may be keyed by layer type (OLMo 3): the
-    decoder has one RoPE for every layer, so the kinds must agree."""
+                       partial: bool = False) -> tuple[float, RopeScaling | None, float | None]:
+    """(theta, scaling, the sliding layers' theta where theirs differs) of a config whose ``rope_parameters``
+    may be keyed by layer type (OLMo 3: YaRN on its full layers only). The sliding layers' RoPE may differ
+    in its base, and be unscaled; anything else is refused."""
     params = f.dict("rope_parameters", None)
     if not params or not (FULL in params or SLIDING in params):
-        return rope_from_hf(f, default_theta, partial)
+        return (*rope_from_hf(f, default_theta, partial), None)
     kinds = []
     for kind in (FULL, SLIDING):
         entry = params.get(kind) or {}
@@ -180,9 +200,11 @@ def rope_by_layer_type(f: ConfigFields, default_theta: float = 10000.0,
             raise f.error(f"rope_parameters['{kind}'] must be an object")
         kinds.append(rope_from_hf(ConfigFields({"rope_parameters": entry}, f"{f.origin} ({kind})"), default_theta,
                                   partial))
-    if kinds[0] != kinds[1]:
-        raise f.error("different RoPE on full and sliding layers is not supported for this model_type")
-    return kinds[0]
+    if kinds[0] == kinds[1]:
+        return (*kinds[0], None)
+    if kinds[1][1] is not None:
+        raise f.error("RoPE scaling on the sliding layers different from the full layers' is not supported")
+    return (*kinds[0], kinds[1][0])
 
 
 def layer_types(f: ConfigFields) -> list[str] | None:
@@ -207,7 +229,7 @@ def decoder_config_to_hf(c: LlamaConfig, model_type: str, hf_class: str,
     ``qk_norm``, ``experts``: whether it has q/k norms, routed experts; ``has``: the other features of
     ``features`` it has. A config asking for what the model_type lacks is refused, never written as
     another family (the family adds the fields of its features)."""
-    missing = c.features() - has
+    missing = c.features() - has - {"yarn"}  # transformers' RoPE has YaRN for every model_type of the decoder
     if missing:
         raise ValueError(f"HF's {model_type} has no place for: {', '.join(sorted(missing))}")
     if c.qk_norm != qk_norm:
@@ -228,6 +250,10 @@ def decoder_config_to_hf(c: LlamaConfig, model_type: str, hf_class: str,
         if s.kind == "llama3":
             rope.update({"low_freq_factor": s.low_freq_factor, "high_freq_factor": s.high_freq_factor,
                          "original_max_position_embeddings": s.original_context_length})
+        if s.kind == "yarn":
+            rope.update({"original_max_position_embeddings": s.original_context_length,
+                         "attention_factor": s.attention_factor, "beta_fast": s.beta_fast, "beta_slow": s.beta_slow,
+                         "truncate": s.truncate})
         if s.kind == "longrope":
             rope.update({"short_factor": list(s.factors), "long_factor": list(s.long_factors),
                          "attention_factor": s.attention_factor,
@@ -281,7 +307,9 @@ def decoder_hf_keymap(config: LlamaConfig, model_type: str, layer: list[tuple[st
 def describe_decoder(cfg: LlamaConfig) -> list[str]:
     """``trace``'s lines on how position enters, and what else the config turns on."""
     scaling = f", {cfg.rope_scaling.kind} scaling" if cfg.rope_scaling else ""
-    lines = [f"position: no position embedding; RoPE (theta = {cfg.rope_theta:g}{scaling}) rotates Q and K "
+    local = (f"; sliding layers: theta = {cfg.rope_local_theta:g} unscaled" if cfg.rope_local_theta is not None
+             else "")
+    lines = [f"position: no position embedding; RoPE (theta = {cfg.rope_theta:g}{scaling}{local}) rotates Q and K "
              f"inside every attention layer; GQA: {cfg.n_heads} query heads share {cfg.n_kv_heads} K/V heads"]
     n = cfg.n_layers
     sliding = sum(cfg.window(i) is not None for i in range(n))

@@ -1,7 +1,7 @@
 """OLMo 2 and OLMo 3 (HF olmo2, olmo3; GGUF olmo2): the Llama decoder with its norms after the sublayers,
 not before (x + norm(attn(x)), then x + norm(mlp(x))), and q and k each RMS-normed over the whole
 projection (all heads together) before RoPE. OLMo 3 adds sliding windows on three layers of four
-(``layer_types``). llama.cpp's olmo2 rotates halves as HF does: no Q/K permutation.
+(``layer_types``), and its full layers may stretch RoPE with YaRN while its sliding layers do not. llama.cpp's olmo2 rotates halves as HF does: no Q/K permutation.
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from typing import Any
 from gguf import Keys
 
 from ..convert.gguf_decoder import (QK_NORM as GGUF_QK_NORM, add_decoder_hparams, add_key_length,
-                                    decoder_config_from_gguf, decoder_gguf_keymap, refuse_experts, standard_layer)
+                                    add_yarn_scaling, decoder_config_from_gguf, decoder_gguf_keymap, refuse_experts,
+                                    standard_layer)
 from ..convert.hf_config import ConfigFields
 from ..convert.hf_decoder import (ATTENTION, DECODER_HF_STEPS, MLP, POST_NORM_STEPS, POST_NORMS, QK_NORM,
                                   QK_NORM_STEPS, decoder_config_from_hf, decoder_config_to_hf, decoder_hf_keymap,
@@ -29,7 +30,8 @@ PRESETS: dict[str, Preset] = {
                                     bos_token_id=100257, eos_token_id=100257, **_OLMO), "allenai/OLMo-2-0425-1B"),
 }
 
-_HAS = frozenset({"post norms", "q/k norm over the projection", "layer_types"})
+_HAS = frozenset({"post norms", "q/k norm over the projection", "layer_types", "yarn",
+                  "RoPE of its own on sliding layers"})
 
 
 def default_olmo3_layer_types(n: int) -> list[str]:
@@ -56,8 +58,13 @@ def config_to_hf(c: LlamaConfig) -> dict[str, Any]:
                                else "Olmo2ForCausalLM", biases=(c.qkv_bias, c.qkv_bias, False), qk_norm=True, has=_HAS)
     if c.qkv_bias != c.o_bias:
         raise ValueError("HF's olmo2 has biases on all of q, k, v and the output, or none")
-    if windowed:
+    if windowed:  # OLMo 3 keys RoPE by layer type (its sliding layers without the full layers' YaRN)
         out["layer_types"] = [SLIDING if c.window(i) else FULL for i in range(c.n_layers)]
+        local = c.rope_local_theta if c.rope_local_theta is not None else c.rope_theta
+        sliding = out["rope_parameters"] if c.rope_local_theta is None else {"rope_type": "default", "rope_theta": local}
+        out["rope_parameters"] = {FULL: out["rope_parameters"], SLIDING: sliding}
+    elif c.rope_local_theta is not None:
+        raise ValueError("HF's olmo2 has no RoPE of its own on sliding layers")
     return out
 
 
@@ -71,7 +78,12 @@ def config_from_gguf(f: Any, tensors: dict) -> LlamaConfig:
     if pattern is not None and (len(pattern) != n or not all(isinstance(x, bool) for x in pattern)):
         raise where(f.path, f"olmo2: attention.sliding_window_pattern must give a boolean for each of the {n} layers")
     types = tuple(SLIDING if p else FULL for p in pattern) if window is not None else ()
+    # llama.cpp's olmo2 rotates sliding layers with rope.freq_base_swa and no scaling
+    base = f.get(Keys.Rope.FREQ_BASE, float, 10000.0)
+    local = f.get(Keys.Rope.FREQ_BASE_SWA, float, base) if window is not None else base
+    scaled = f.get(Keys.Rope.SCALING_TYPE, str, "none") not in ("none", "")
     return decoder_config_from_gguf(f, tensors, "olmo2", sliding_window=window, layer_types=types,
+                                    rope_local_theta=local if (local != base or scaled) and window else None,
                                     **{k: v for k, v in _OLMO.items() if k != "family"})
 
 
@@ -79,8 +91,9 @@ def gguf_metadata(w: Any, c: LlamaConfig) -> None:
     """llama.cpp's converter: the generic keys, and for OLMo 3 the window and which layers slide."""
     add_decoder_hparams(w, c, has=_HAS, arch="olmo2")
     add_key_length(w, c, always=False)
+    add_yarn_scaling(w, c)
     if c.sliding_window is not None:  # OLMo 3's config keys RoPE by layer type: the sliding layers' base too
-        w.add_rope_freq_base_swa(c.rope_theta)
+        w.add_rope_freq_base_swa(c.rope_theta if c.rope_local_theta is None else c.rope_local_theta)
         w.add_sliding_window(c.sliding_window)
         w.add_sliding_window_pattern([c.window(i) is not None for i in range(c.n_layers)])
 

@@ -51,6 +51,8 @@ class LlamaConfig:
     qk_norm_over: str = "head"  # on each head (Qwen3), or "all": the whole projection (OLMo 2)
     rope_layers: tuple[bool, ...] = ()  # per layer, whether RoPE rotates q and k (False: a NoPE layer); () → all
     rope_dim: int = 0  # the first rope_dim dimensions of each head are rotated (partial rotary); 0 → head_dim
+    rope_local_theta: float | None = None  # sliding layers rotate with this base, unscaled (OLMo 3: its full
+    # layers' YaRN left out); None: every layer the same RoPE
     norms: str = "pre"  # "pre": RMSNorm before each sublayer; "post": on its output before the residual
     # add (OLMo 2, EXAONE 4); "sandwich": both
     embedding_multiplier: float = 1.0  # µP (Granite): the token embedding ×,
@@ -81,6 +83,8 @@ class LlamaConfig:
                            "head_dim": 4096})
         check_range(self, ("norm_eps",), 0.0, 1.0, low_open=True)
         check_range(self, ("rope_theta",), 0.0, 1e12, low_open=True)
+        if self.rope_local_theta is not None:
+            check_range(self, ("rope_local_theta",), 0.0, 1e12, low_open=True)
         check_range(self, ("attention_dropout",), 0.0, 1.0)
         check_rope_heads(self)
         if self.sliding_window is not None:
@@ -132,6 +136,8 @@ class LlamaConfig:
             ("layer_types", bool(c.layer_types)), ("NoPE layers", bool(c.rope_layers)),
             ("partial rotary", bool(c.rope_dim)),
             ("longrope", c.rope_scaling is not None and c.rope_scaling.kind == "longrope"),
+            ("yarn", c.rope_scaling is not None and c.rope_scaling.kind == "yarn"),
+            ("RoPE of its own on sliding layers", c.rope_local_theta is not None),
             (f"{c.norms} norms", c.norms != "pre"), ("q/k norm over the projection", c.qk_norm_over != "head"),
             ("µP multipliers", (c.embedding_multiplier, c.residual_multiplier, c.attention_scale, c.logits_scaling)
              != (1.0, 1.0, None, 1.0)),
@@ -157,7 +163,7 @@ class Llama(nn.Module):
         self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layers))
         self.norm_f = RMSNorm(config.d_model, config.norm_eps)
         self.lm_head = None if config.tie_embeddings else Linear(config.d_model, config.vocab_size, bias=False)
-        self._inv_freq: dict[tuple[torch.device, bool], torch.Tensor] = {}
+        self._inv_freq: dict[tuple[torch.device, bool, bool], torch.Tensor] = {}
 
     def forward(
         self, ids: torch.Tensor, cache: KVCache | None = None, last_only: bool = False, tap: Tap = no_tap,
@@ -175,10 +181,11 @@ class Llama(nn.Module):
         # original context (transformers' rule, decided per forward call)
         s = c.rope_scaling
         long = s is not None and s.kind == "longrope" and step.reach > s.original_context_length
-        factor = s.attention_factor if s is not None and s.kind == "longrope" else 1.0
-        angles = step.angles(self.inv_freq(ids.device, long), x.dtype, factor)
+        angles = step.angles(self.inv_freq(ids.device, long), x.dtype, 1.0 if s is None else s.attention_factor)
+        local = step.angles(self.inv_freq(ids.device, local=True), x.dtype) if c.rope_local_theta is not None else None
         for i, block in enumerate(self.blocks):
-            x = block(x, step.at(i, angles))                        # (B, T, d)
+            here = local if local is not None and c.window(i) is not None else angles
+            x = block(x, step.at(i, here))                          # (B, T, d)
             tap(f"block.{i}", x)
         if last_only:
             x = x[:, -1:]                                           # (B, 1, d): only the next token matters
@@ -195,12 +202,15 @@ class Llama(nn.Module):
         refuse_training(self.config, mode)
         return super().train(mode)
 
-    def inv_freq(self, device: torch.device, long: bool = False) -> torch.Tensor:
-        if (device, long) not in self._inv_freq:
+    def inv_freq(self, device: torch.device, long: bool = False, local: bool = False) -> torch.Tensor:
+        """The global layers' frequencies (longrope's ``long`` ones), or with ``local`` the sliding layers' own."""
+        if (device, long, local) not in self._inv_freq:
             c = self.config
-            freqs = rope_frequencies(c.rope_dim or c.head_dim, c.rope_theta, c.rope_scaling, long)
-            self._inv_freq[device, long] = freqs.to(device)
-        return self._inv_freq[device, long]
+            dim = c.rope_dim or c.head_dim
+            freqs = (rope_frequencies(dim, c.rope_local_theta) if local
+                     else rope_frequencies(dim, c.rope_theta, c.rope_scaling, long))
+            self._inv_freq[device, long, local] = freqs.to(device)
+        return self._inv_freq[device, long, local]
 
 
 class Block(nn.Module):

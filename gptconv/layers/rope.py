@@ -23,7 +23,10 @@ class RopeScaling:
     llama.cpp stores Llama 3.1 scaling in a GGUF (the ``rope_freqs`` tensor). kind "longrope" (Phi-3
     128k, Phi-4-mini): θ_j / short_factors[j] while a forward reaches no further than
     original_context_length positions, θ_j / long_factors[j] once it does (as transformers decides, per
-    forward call), cos and sin × attention_factor either way.
+    forward call), cos and sin × attention_factor either way. kind "yarn" (YaRN): frequencies that turn
+    fewer than beta_slow times over the original context are divided by factor, those turning more than
+    beta_fast times kept, a linear ramp between (over dimension indices, rounded out with ``truncate``);
+    cos and sin × attention_factor.
     """
 
     kind: str
@@ -33,11 +36,17 @@ class RopeScaling:
     original_context_length: int = 8192
     factors: tuple[float, ...] = ()
     long_factors: tuple[float, ...] = ()  # longrope: ``factors`` are the short ones
-    attention_factor: float = 1.0  # longrope: cos and sin are scaled by it
+    attention_factor: float = 1.0  # longrope, yarn: cos and sin are scaled by it
+    beta_fast: float = 32.0  # yarn
+    beta_slow: float = 1.0
+    truncate: bool = True
 
     def __post_init__(self) -> None:
-        if self.kind not in ("linear", "llama3", "factors", "longrope"):
-            raise ValueError(f"rope scaling '{self.kind}' is not supported (only linear, llama3, longrope)")
+        if self.kind not in ("linear", "llama3", "factors", "longrope", "yarn"):
+            raise ValueError(f"rope scaling '{self.kind}' is not supported (only linear, llama3, longrope, yarn)")
+        if self.kind == "yarn" and not (0 < self.beta_slow < self.beta_fast < 1e6 and 0 < self.attention_factor < 100):
+            raise ValueError(f"yarn beta_fast {self.beta_fast!r} / beta_slow {self.beta_slow!r} / attention_factor "
+                             f"{self.attention_factor!r} out of range")
         if self.kind == "longrope":
             if len(self.factors) != len(self.long_factors) or not all(
                     isinstance(x, (int, float)) and 0 < x < 1e6 for x in self.factors + self.long_factors):
@@ -68,6 +77,8 @@ def rope_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None = 
         # as transformers: θ_j = 1 / (f_j · base^(2j/hd)), one float32 rounding
         return 1.0 / (torch.tensor(factors, dtype=torch.float32) *
                       theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    if scaling.kind == "yarn":
+        return _yarn(inv_freq, head_dim, theta, scaling)
     # llama3: a wavelength beyond the original context is divided by factor, one shorter than
     # original / high_freq_factor is kept, and those between are blended smoothly.
     old = scaling.original_context_length
@@ -77,6 +88,22 @@ def rope_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None = 
     blended = (1 - smooth) * scaled / scaling.factor + smooth * scaled
     medium = (wavelen >= old / scaling.high_freq_factor) & (wavelen <= old / scaling.low_freq_factor)
     return torch.where(medium, blended, scaled)
+
+
+def _yarn(inv_freq: torch.Tensor, dim: int, theta: float, s: RopeScaling) -> torch.Tensor:
+    """YaRN's blend of θ_j (extrapolated) and θ_j / factor (interpolated), as transformers computes it."""
+    def dim_of(rotations: float) -> float:  # the dimension index whose frequency turns ``rotations`` times
+        return dim * math.log(s.original_context_length / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+    low, high = dim_of(s.beta_fast), dim_of(s.beta_slow)
+    if s.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # no zero-width ramp
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    extrapolated = 1 - ramp  # 1: the frequency kept
+    base = theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim)  # 1 / θ_j, rounded as transformers
+    return 1.0 / (s.factor * base) * (1 - extrapolated) + 1.0 / base * extrapolated
 
 
 def rope_angles(inv_freq: torch.Tensor, start: int, length: int, dtype: torch.dtype,

@@ -164,7 +164,7 @@ def _encode(name: str, t: torch.Tensor, qtype: Q, narrow: Narrowing) -> np.ndarr
 def _rope_factors(cfg) -> torch.Tensor | None:
     """Llama 3.1 scaling goes into GGUF as one factor per frequency (llama.cpp's ``rope_freqs``)."""
     s = getattr(cfg, "rope_scaling", None)
-    if s is None or s.kind == "linear":
+    if s is None or s.kind not in ("llama3", "factors"):  # linear, yarn: keys; longrope: its family's tensors
         return None
     base = rope_frequencies(cfg.head_dim, cfg.rope_theta)
     return (base / rope_frequencies(cfg.head_dim, cfg.rope_theta, s)).float()
