@@ -98,6 +98,8 @@ def _rope(f: ConfigFields) -> tuple[tuple[float, RopeScaling | None], float]:
     full.setdefault("rope_theta", 1_000_000.0)
     local.setdefault("rope_theta", 10_000.0)
     global_rope = rope_from_hf(ConfigFields({"rope_parameters": full}, f"{f.origin} (full_attention)"))
+    if global_rope[1] is not None and global_rope[1].kind != "linear":  # Gemma's cos and sin are not rescaled
+        raise f.error(f"rope_type '{global_rope[1].kind}' is not supported for Gemma (default, linear)")
     local_theta, local_scaling = rope_from_hf(ConfigFields({"rope_parameters": local}, f"{f.origin} (sliding_attention)"))
     if local_scaling is not None:
         raise f.error("RoPE scaling on the sliding-window layers is not supported")
