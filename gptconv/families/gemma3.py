@@ -97,9 +97,10 @@ def _rope(f: ConfigFields) -> tuple[tuple[float, RopeScaling | None], float]:
         local = {"rope_theta": f.float("rope_local_base_freq", 10_000.0)}
     full.setdefault("rope_theta", 1_000_000.0)
     local.setdefault("rope_theta", 10_000.0)
+    kind = full.get("rope_type", full.get("type", "default"))
+    if kind not in ("default", "linear"):  # (Gemma's model does not rescale cos and sin, as YaRN needs)
+        raise f.error(f"rope_type '{kind}' is not supported for Gemma (default, linear)")
     global_rope = rope_from_hf(ConfigFields({"rope_parameters": full}, f"{f.origin} (full_attention)"))
-    if global_rope[1] is not None and global_rope[1].kind != "linear":  # Gemma's cos and sin are not rescaled
-        raise f.error(f"rope_type '{global_rope[1].kind}' is not supported for Gemma (default, linear)")
     local_theta, local_scaling = rope_from_hf(ConfigFields({"rope_parameters": local}, f"{f.origin} (sliding_attention)"))
     if local_scaling is not None:
         raise f.error("RoPE scaling on the sliding-window layers is not supported")
