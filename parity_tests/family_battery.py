@@ -84,6 +84,19 @@ def test_our_gguf_equals_llama_cpps_converter(request, ours_gguf, theirs):
     assert not unexplained, unexplained
 
 
+def test_our_q8_0_gguf_equals_llama_cpps_converter(request, ckpt, tmp_path):
+    """At q8_0: the same choice of tensors kept in F32 (norms, routers, …) and the same quantized bytes;
+    the file loads (dequantized) and runs."""
+    ours = export(str(ckpt), tmp_path / "ours.gguf", "gguf", "q8_0").out
+    keys, tensors = llama_cpp_tools.differences(ours, llama_cpp_tools.convert(ckpt, tmp_path / "theirs.gguf", "q8_0"))
+    assert tensors == [], tensors
+    known = getattr(request.module, "KNOWN", {})
+    assert not {k: v for k, v in keys.items() if k not in PROVENANCE and k not in known}
+    model = gptconv.load(ours)
+    with torch.no_grad():
+        assert torch.isfinite(model(torch.tensor([[1, 2, 3]]))).all()
+
+
 def test_llama_cpps_gguf_loads_tokenizes_and_equals_ours(ckpt, theirs):
     """The converter's file: the same weights as our model of the HF folder, bit for bit; the same
     token ids as llama.cpp's; and it verifies against transformers (read by transformers' GGUF loader,
