@@ -37,18 +37,19 @@ EXPLAIN = {
     "token_embedding": "tok_emb[ids]: one d-vector per token",
     "position_embedding": "+ wpe[0:T]: where each token is (GPT-2 only)",
     "embedding_dropout": "dropout (identity in eval mode)",
-    "block": "x + attn(norm1(x)), then x + mlp(norm2(x)); attention is the only step mixing positions",
+    "block": "x + attn(x), then x + mlp(x), each sublayer normed as the header says; attention is the only "
+             "step mixing positions",
     "final_norm": "final norm of the residual stream before the head",
     "logits": "LM head: one score per vocabulary entry at each position",
 }
 # Steps inside a block (block.{i}.<step>), where the architecture has them.
 EXPLAIN_INSIDE = {
-    "q_norm": "RMSNorm of each query head, before RoPE (Qwen3, Gemma 3)",
-    "k_norm": "RMSNorm of each key head, before RoPE (Qwen3, Gemma 3)",
-    "router": "router scores: one per expert for each token (Mixtral)",
-    "chosen_experts": "the experts each token goes to: the top-k router probabilities, renormalised",
-    "post_attention_norm": "norm of the attention output before the residual add (Gemma's sandwich)",
-    "post_feedforward_norm": "norm of the MLP output before the residual add (Gemma's sandwich)",
+    "q_norm": "RMSNorm of the queries before RoPE (each head, or the whole projection: see the header)",
+    "k_norm": "RMSNorm of the keys before RoPE (each head, or the whole projection: see the header)",
+    "router": "router scores: one per expert for each token",
+    "chosen_experts": "the experts each token goes to: the top-k router probabilities",
+    "post_attention_norm": "norm of the attention output before the residual add",
+    "post_feedforward_norm": "norm of the MLP output before the residual add",
 }
 
 

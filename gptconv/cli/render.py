@@ -41,14 +41,15 @@ def trace(result) -> None:
                f"vocab = {cfg.vocab_size:,}")
     for line in family.describe(cfg):
         click.echo(line)
-    click.echo(f"{'step':<24} {'shape':<20} {'mean':>10} {'std':>10} {'min':>10} {'max':>10}  what")
+    w = max([24, *(len(st.name) + 1 for st in steps)])  # the step column fits the longest name
+    click.echo(f"{'step':<{w}} {'shape':<20} {'mean':>10} {'std':>10} {'min':>10} {'max':>10}  what")
     explained = set()
     for st in steps:
         shape = "(" + ", ".join(str(d) for d in st.shape) + ")"
         kind = ".".join(p for p in st.name.split(".") if not p.isdigit())  # block.3.router → block.router
         note = "〃" if kind in explained else explain(st.name)
         explained.add(kind)
-        click.echo(f"{st.name:<24} {shape:<20} {st.mean:>10.4f} {st.std:>10.4f} {st.min:>10.4f} {st.max:>10.4f}  {note}")
+        click.echo(f"{st.name:<{w}} {shape:<20} {st.mean:>10.4f} {st.std:>10.4f} {st.min:>10.4f} {st.max:>10.4f}  {note}")
     click.echo("next token    " + "  ".join(f"{repr(w) if w is not None else i} {p:.3f}" for i, w, p in result.top))
 
 
