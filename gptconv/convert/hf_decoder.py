@@ -11,6 +11,7 @@ import math
 
 from ..layers.decoder import FULL, SLIDING, LlamaConfig
 from ..layers.rope import RopeScaling, llama3_from_factors
+from .gguf_decoder import PERMUTE_K, PERMUTE_Q
 from .hf_config import ConfigFields, build_config
 from .keymap import Drop, KeyMap, Map, Rule, Tied
 
@@ -282,6 +283,12 @@ POST_NORMS = [("post_attention_layernorm.weight", "post_attn_norm.weight"),
               ("post_feedforward_layernorm.weight", "post_mlp_norm.weight")]
 POST_NORM_STEPS = {"block.{i}.post_attention_norm": "model.layers.{i}.post_attention_layernorm",
                    "block.{i}.post_feedforward_norm": "model.layers.{i}.post_feedforward_layernorm"}
+# q and k rows of a model_type whose RoPE rotates interleaved pairs (x₀, x₁), (x₂, x₃), … (ERNIE 4.5; llama.cpp's
+# NORM RoPE): its rows are in llama.cpp's llama order, which PERMUTE_Q / PERMUTE_K reorder into our rotate-half
+# order (and back at export). Attention sees the same scores either way: q·k sums over the same pairs.
+INTERLEAVED_QK = [Map(f"model.layers.{{i}}.self_attn.{n}_proj.{p}", f"blocks.{{i}}.attn.{n}.{p}", t)
+                  for n, t in (("q", PERMUTE_Q), ("k", PERMUTE_K)) for p in ("weight", "bias")]
+VO = [row for row in ATTENTION if row[1].startswith(("attn.v.", "attn.o."))]
 QK_NORM_STEPS = {"block.{i}.q_norm": "model.layers.{i}.self_attn.q_norm",
                  "block.{i}.k_norm": "model.layers.{i}.self_attn.k_norm"}
 
@@ -290,8 +297,8 @@ def decoder_hf_keymap(config: LlamaConfig, model_type: str, layer: list[tuple[st
                       fused_first: bool = False) -> KeyMap:
     """HF names need no transform: HF's q/k rows are already in rotate-half order. Bias rows that the
     config does not enable are absent from the model, and so reported if a file has them. ``layer``:
-    the (HF, ours) pairs under each layer; ``fused``: rows of tensors HF stores as one, listed after the
-    plain rows (``fused_first``: before them, so that the inverse names those)."""
+    the (HF, ours) pairs under each layer; ``fused``: rows beyond a rename (tensors HF stores as one,
+    rows reordered), listed after the plain rows (``fused_first``: before them, so that the inverse names those)."""
     head = (Tied("lm_head.weight", "tok_emb.weight") if config.tie_embeddings
             else Map("lm_head.weight", "lm_head.weight"))
     rows = [Map(f"model.layers.{{i}}.{src}", f"blocks.{{i}}.{dst}") for src, dst in layer]
