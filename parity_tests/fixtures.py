@@ -55,11 +55,15 @@ def make_gpt2(folder: Path, shape: str, seed: int = 0, init: float = 0.2) -> Pat
 
 
 def _scramble_norms(model: torch.nn.Module) -> None:
-    """Random-init norms are all ones and biases zeros: make them random too, so mixing them up shows."""
+    """Random-init norms are all ones and biases zeros: make them random too, so mixing them up shows.
+    A norm weight that starts at zero is an offset (Gemma's RMSNorm scales by 1 + w): random around 0,
+    rounded to bfloat16 as the released checkpoints store them (1 + w is then exact, as GGUF stores it)."""
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if p.ndim == 1:  # norms and biases
+            if p.ndim == 1 and "norm" in name and name.endswith("weight") and not p.any():  # an offset norm
+                p.copy_((torch.randn(p.shape, generator=g) * 0.1).bfloat16().float())
+            elif p.ndim == 1:  # norms and biases
                 p.copy_(torch.randn(p.shape, generator=g) * 0.1 + (1.0 if name.endswith("weight") and ("ln" in name or "norm" in name) else 0.0))
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import GptconvError, where
-from . import ernie4_5, exaone4, gemma3, gpt2, llama, mistral, mixtral, olmo2, phi3, qwen2, qwen3
+from . import ernie4_5, exaone4, gemma2, gemma3, gpt2, llama, mistral, mixtral, olmo2, phi3, qwen2, qwen3
 from .base import Family, Preset, Wrapper
 
 FAMILIES: tuple[Family, ...] = (
@@ -26,6 +26,7 @@ FAMILIES: tuple[Family, ...] = (
     gemma3.FAMILY,
     olmo2.FAMILY,
     exaone4.FAMILY,
+    gemma2.FAMILY,
     ernie4_5.FAMILY,
 )
 

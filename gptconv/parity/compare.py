@@ -83,6 +83,7 @@ LLAMA_CPP = {
     # model's 3.8e-3 at max|logit| 9.2 down to 1.6e-3)
     "gemma3": Tolerance(atol=1e-3, rtol=1e-3, min_top1=0.99),
 }
+LLAMA_CPP["gemma2"] = LLAMA_CPP["gemma3"]  # the same GeGLU, the same table
 # Two float32 computations of the same function in different summation orders (two models' logits
 # compared directly in a test, without a float64 run): max|Δ| ≤ atol + rtol·max|ref|.
 FP32 = Tolerance(atol=1e-4, rtol=1e-5, min_top1=1.0)
