@@ -4,11 +4,14 @@ block outputs, the steps verify compares, do not depend on that order). head_dim
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import gptconv
 from family_battery import *  # noqa: F401,F403 — the battery, collected here against this checkpoint
 from fixtures import make_checkpoint
+from gptconv.errors import GptconvError
+from gptconv.writers import export
 from helpers import hf_model, hf_round_trip, random_ids
 
 ARCH = "ernie4_5"
@@ -29,9 +32,10 @@ def test_fixture_has_the_features_it_claims(ckpt):
 def test_read_without_the_reordering_fails_verify(ckpt, monkeypatch):
     """A planted fault: HF's interleaved q and k rows taken as rotate-half rows."""
     from gptconv.convert.hf_decoder import ATTENTION
+    from gptconv.convert.keymap import Map
     from gptconv.families import ernie4_5
-    plain = [__import__("gptconv.convert.keymap", fromlist=["Map"]).Map(f"model.layers.{{i}}.{s}", f"blocks.{{i}}.{d}")
-             for s, d in ATTENTION if d.startswith(("attn.q.", "attn.k."))]
+    plain = [Map(f"model.layers.{{i}}.{s}", f"blocks.{{i}}.{d}") for s, d in ATTENTION
+             if d.startswith(("attn.q.", "attn.k."))]
     monkeypatch.setattr(ernie4_5, "INTERLEAVED_QK", plain)
     report = gptconv.verify(str(ckpt), length=32)
     assert not report.passed and report.first_divergent_step.startswith("block.0"), report.first_divergent_step
@@ -40,9 +44,6 @@ def test_read_without_the_reordering_fails_verify(ckpt, monkeypatch):
 def test_use_bias_matches_transformers_and_round_trips(tmp_path):
     """use_bias: biases on q, k, v, the output and the MLP (q and k bias rows reordered as their weights);
     llama.cpp's ernie4_5 ignores the output bias, so no GGUF is written."""
-    import pytest
-    from gptconv.errors import GptconvError
-    from gptconv.writers import export
     folder = make_checkpoint(tmp_path / "hf", ARCH, VOCAB, {**SHAPE, "use_bias": True})
     ours = gptconv.load(folder)
     assert ours.config.qkv_bias and ours.config.o_bias and ours.config.mlp_bias

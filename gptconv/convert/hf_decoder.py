@@ -283,9 +283,9 @@ POST_NORMS = [("post_attention_layernorm.weight", "post_attn_norm.weight"),
               ("post_feedforward_layernorm.weight", "post_mlp_norm.weight")]
 POST_NORM_STEPS = {"block.{i}.post_attention_norm": "model.layers.{i}.post_attention_layernorm",
                    "block.{i}.post_feedforward_norm": "model.layers.{i}.post_feedforward_layernorm"}
-# q and k rows of a model_type whose RoPE rotates interleaved pairs (x₀, x₁), (x₂, x₃), … (ERNIE 4.5; llama.cpp's
-# NORM RoPE): its rows are in llama.cpp's llama order, which PERMUTE_Q / PERMUTE_K reorder into our rotate-half
-# order (and back at export). Attention sees the same scores either way: q·k sums over the same pairs.
+# q and k rows of a model_type whose RoPE rotates interleaved pairs (x₀, x₁), (x₂, x₃), … (ERNIE 4.5;
+# llama.cpp's NORM RoPE): its rows are in llama.cpp's llama order, which PERMUTE_Q / PERMUTE_K reorder into
+# our rotate-half order (and back at export). Attention sees the same scores either way: q·k sums over the same pairs.
 INTERLEAVED_QK = [Map(f"model.layers.{{i}}.self_attn.{n}_proj.{p}", f"blocks.{{i}}.attn.{n}.{p}", t)
                   for n, t in (("q", PERMUTE_Q), ("k", PERMUTE_K)) for p in ("weight", "bias")]
 VO = [row for row in ATTENTION if row[1].startswith(("attn.v.", "attn.o."))]

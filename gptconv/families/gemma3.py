@@ -14,7 +14,8 @@ from ..convert.gemma import NORM_PLUS_ONE  # noqa: F401 — its tests' name for 
 from ..convert.gemma import (GemmaFormat, describe_gemma, gemma_config_from_gguf, gemma_config_from_hf,
                              gemma_config_to_hf, gemma_gguf_keymap, gemma_gguf_metadata, gemma_hf_keymap,
                              gemma_hf_steps)
-from ..layers.gemma import FULL, SLIDING, Gemma, GemmaConfig, default_layer_types  # noqa: F401 — FULL, SLIDING: the tests' names
+# FULL, SLIDING: the names its tests import from here
+from ..layers.gemma import FULL, SLIDING, Gemma, GemmaConfig, default_layer_types  # noqa: F401
 from ..layers.rope import RopeScaling
 from .base import Family, Preset, Wrapper
 
