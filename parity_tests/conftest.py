@@ -121,3 +121,33 @@ def wrappers(tmp_path_factory) -> dict[str, Path]:
         "language_model.model.": "model.language_model.", "vision_tower.": "model.vision_tower.",
         "multi_modal_projector.": "model.multi_modal_projector."})
     return out
+
+
+@pytest.fixture(scope="module")
+def shared_references():
+    """transformers' side of a live verify made once per module: its model for each (file, dtype) and its
+    run on each input, reused by every later verify of the same file in this process. The reference is
+    deterministic (the same file, dtype and ids give the same steps), so a test that shares it judges
+    its own freshly loaded model (with any fault planted in it) exactly as a verify of its own would;
+    it saves the float64 truth, the costliest part of verifying real weights, being rebuilt per dtype."""
+    import gptconv.parity.run as verify_run
+    models: dict = {}
+    runs: dict = {}
+    make_model, run_steps = verify_run.transformers_model, verify_run.reference_steps
+
+    def model(src, dtype, blockwise=False):
+        key = (str(src.path), dtype, blockwise)
+        if key not in models:
+            models[key] = make_model(src, dtype, blockwise=blockwise)
+        return models[key]
+
+    def steps(hf_model, taps, n_layers, ids):
+        key = (id(hf_model), tuple(ids.shape), ids.numpy().tobytes())
+        if key not in runs:
+            runs[key] = run_steps(hf_model, taps, n_layers, ids)
+        return runs[key]
+    patch = pytest.MonkeyPatch()
+    patch.setattr(verify_run, "transformers_model", model)
+    patch.setattr(verify_run, "reference_steps", steps)
+    yield
+    patch.undo()

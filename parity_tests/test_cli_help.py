@@ -139,16 +139,25 @@ def test_progress_on_a_terminal_only_and_off_with_quiet_or_json(ckpts, tmp_path)
              "verify": (["verify", tiny, "--length", "16"], "verify"),
              "streamed verify": (["verify", tiny, "--length", "16", "--stream"], "verify"),
              "perplexity": (["perplexity", tiny, text, "--ctx", "32"], "windows")}
+    # sixteen processes, each spending most of its time starting Python and importing torch: run side by
+    # side (each on its own terminal or pipe), then judged one by one as before
+    runs = {(name, tuple(extra)): (_on_a_terminal, [str(a).format("-".join([name, *extra])) for a in args] + extra)
+            for name, (args, _) in cases.items() for extra in ([], ["--quiet"], ["--json"])}
+    runs |= {(name, "pipe"): (run_cli, args if name != "export" else [str(a).format("pipe") for a in args])
+             for name, (args, _) in cases.items()}
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(4) as pool:
+        done = {key: pool.submit(run, *argv) for key, (run, argv) in runs.items()}
+        done = {key: future.result() for key, future in done.items()}
     for name, (args, bar) in cases.items():
         for extra, shown in (([], True), (["--quiet"], False), (["--json"], False)):
-            args_now = [str(a).format("-".join([name, *extra])) for a in args]
-            code, err = _on_a_terminal(*args_now, *extra)
+            code, err = done[name, tuple(extra)]
             assert code == 0, (name, extra, err)
             assert (f"{bar}:" in err) == shown, (name, extra, err)
             assert name != "export" or "windows:" not in err  # no --check, no perplexity windows
             if not shown:
                 assert err == "", (name, extra, err)
-        r = run_cli(*args)  if name != "export" else run_cli(*[str(a).format("pipe") for a in args])
+        r = done[name, "pipe"]
         assert r.returncode == 0 and r.stderr == "", (name, r.stderr)  # stderr not a terminal: no bar
 
 

@@ -8,6 +8,8 @@ import json
 
 import pytest
 
+from gptconv import verify
+from gptconv.errors import GptconvError
 from helpers import run_cli
 
 
@@ -24,18 +26,27 @@ def _verify(path, dtype: str, *extra: str) -> dict:
     return report
 
 
+# Gemma 3 in process: transformers' float64 truth (and its GGUF load) made once for the three dtypes
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_gemma3_270m_passes(gemma3_270m, dtype):
-    _verify(gemma3_270m, dtype, "--length", "128")
+def test_gemma3_270m_passes(gemma3_270m, shared_references, dtype):
+    report = verify(str(gemma3_270m), dtype=dtype, length=128)
+    assert report.passed is True and report.tolerance["rule"] == "calibrated", (report.first_divergent_step, report.notes)
+    ratios = [s.ratio for s in report.steps if s.ratio is not None]
+    own = report.reference_own
+    print(f"\n{gemma3_270m.name} {dtype}: RMS ratio to the reference's own error {min(ratios):.2f} … {max(ratios):.2f}; "
+          f"top-1 {report.top1_agreement:.4f} (reference's own {own['top1_agreement']:.4f}); "
+          f"KL mean {report.kl_mean:.3e} ({own['kl_mean']:.3e})")
 
 
-def test_gemma3_270m_in_float16_cannot_be_judged(gemma3_270m):
+def test_gemma3_270m_in_float16_cannot_be_judged(gemma3_270m, shared_references):
     """Gemma 3's activations pass float16's range (65,504): transformers' own float16 run holds Inf from
-    a middle block on, so there is no float16 error to judge ours by — said in one line, exit 2, neither
-    PASSED nor FAILED."""
-    r = run_cli("verify", gemma3_270m, "--dtype", "float16", "--length", "128")
-    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stdout[-2000:] + r.stderr
-    assert "the reference's own float16 run holds NaN or Inf at 'block." in r.stderr and "another dtype" in r.stderr
+    a middle block on, so there is no float16 error to judge ours by — an error (exit 2 on the command
+    line, in one line), neither PASSED nor FAILED."""
+    with pytest.raises(GptconvError) as e:
+        verify(str(gemma3_270m), dtype="float16", length=128)
+    message = str(e.value)
+    assert "\n" not in message.strip()
+    assert "the reference's own float16 run holds NaN or Inf at 'block." in message and "another dtype" in message
 
 
 def test_smollm2_passes_in_float32(smollm2):
