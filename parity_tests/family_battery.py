@@ -11,6 +11,8 @@ A family test file sets, at module level, what its checkpoint is and what its fa
     LLAMA_CPP_LENGTH = None         # positions llama.cpp is compared on (None: verify's default)
     LLAMA_CPP_CHANGES = {}          # config changes for the checkpoint llama.cpp runs, where llama.cpp runs
                                     # this one differently by design (a test in the file shows how)
+    GGUF_CHANGES = {}               # config changes for the checkpoint every GGUF test converts, where llama.cpp's
+                                    # format has no place for a feature (a test in the file shows the refusal)
 
 and then ``from family_battery import *``: the tests below are collected in that file, against its
 checkpoint (made once per file). Every test runs past every window the checkpoint has.
@@ -40,14 +42,37 @@ def ckpt(request, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def theirs(ckpt):
-    """llama.cpp's converter's GGUF of the checkpoint (f32)."""
-    return llama_cpp_tools.convert(ckpt, ckpt.parent / "theirs.gguf", "f32")
+def gguf_ckpt(request, ckpt, tmp_path_factory):
+    """The checkpoint the GGUF tests convert: ``ckpt``, or with GGUF_CHANGES where llama.cpp cannot hold it."""
+    m = request.module
+    changes = getattr(m, "GGUF_CHANGES", {})
+    if not changes:
+        return ckpt
+    return make_checkpoint(tmp_path_factory.mktemp(m.ARCH + "-gguf") / "hf", m.ARCH, m.VOCAB, {**m.SHAPE, **changes})
 
 
 @pytest.fixture(scope="module")
-def ours_gguf(ckpt):
-    return export(str(ckpt), ckpt.parent / "ours.gguf", "gguf", "f32").out
+def theirs(gguf_ckpt):
+    """llama.cpp's converter's GGUF of the checkpoint (f32)."""
+    return llama_cpp_tools.convert(gguf_ckpt, gguf_ckpt.parent / "theirs.gguf", "f32")
+
+
+@pytest.fixture(scope="module")
+def ours_gguf(gguf_ckpt):
+    return export(str(gguf_ckpt), gguf_ckpt.parent / "ours.gguf", "gguf", "f32").out
+
+
+def plant(monkeypatch, **fields) -> None:
+    """A planted fault: every LlamaConfig made from now on (in this test) has ``fields`` set as given,
+    whatever its source says."""
+    from gptconv.layers.decoder import LlamaConfig
+    real = LlamaConfig.__post_init__
+
+    def planted(self):
+        real(self)
+        for name, value in fields.items():
+            object.__setattr__(self, name, value)
+    monkeypatch.setattr(LlamaConfig, "__post_init__", planted)
 
 
 def test_logits_match_transformers_past_every_window(ckpt):
@@ -84,11 +109,12 @@ def test_our_gguf_equals_llama_cpps_converter(request, ours_gguf, theirs):
     assert not unexplained, unexplained
 
 
-def test_our_q8_0_gguf_equals_llama_cpps_converter(request, ckpt, tmp_path):
+def test_our_q8_0_gguf_equals_llama_cpps_converter(request, gguf_ckpt, tmp_path):
     """At q8_0: the same choice of tensors kept in F32 (norms, routers, …) and the same quantized bytes;
     the file loads (dequantized) and runs."""
-    ours = export(str(ckpt), tmp_path / "ours.gguf", "gguf", "q8_0").out
-    keys, tensors = llama_cpp_tools.differences(ours, llama_cpp_tools.convert(ckpt, tmp_path / "theirs.gguf", "q8_0"))
+    ours = export(str(gguf_ckpt), tmp_path / "ours.gguf", "gguf", "q8_0").out
+    keys, tensors = llama_cpp_tools.differences(ours, llama_cpp_tools.convert(gguf_ckpt, tmp_path / "theirs.gguf",
+                                                                              "q8_0"))
     assert tensors == [], tensors
     known = getattr(request.module, "KNOWN", {})
     assert not {k: v for k, v in keys.items() if k not in PROVENANCE and k not in known}
@@ -97,11 +123,11 @@ def test_our_q8_0_gguf_equals_llama_cpps_converter(request, ckpt, tmp_path):
         assert torch.isfinite(model(torch.tensor([[1, 2, 3]]))).all()
 
 
-def test_llama_cpps_gguf_loads_tokenizes_and_equals_ours(ckpt, theirs):
+def test_llama_cpps_gguf_loads_tokenizes_and_equals_ours(gguf_ckpt, theirs):
     """The converter's file: the same weights as our model of the HF folder, bit for bit; the same
     token ids as llama.cpp's; and it verifies against transformers (read by transformers' GGUF loader,
     where it reads the architecture)."""
-    model, folder = gptconv.load(theirs), gptconv.load(ckpt)
+    model, folder = gptconv.load(theirs), gptconv.load(gguf_ckpt)
     for (a, x), (b, y) in zip(model.state_dict().items(), folder.state_dict().items()):
         assert a == b and x.equal(y), a
     tok = gptconv.load_tokenizer(str(theirs))
@@ -114,7 +140,8 @@ def test_our_gguf_verifies_against_llama_cpp(request, ours_gguf, tmp_path):
     m = request.module
     changes = getattr(m, "LLAMA_CPP_CHANGES", {})
     if changes:
-        folder = make_checkpoint(tmp_path / "hf", m.ARCH, m.VOCAB, {**m.SHAPE, **changes})
+        folder = make_checkpoint(tmp_path / "hf", m.ARCH, m.VOCAB, {**m.SHAPE, **getattr(m, "GGUF_CHANGES", {}),
+                                                                   **changes})
         ours_gguf = export(str(folder), tmp_path / "ours.gguf", "gguf", "f32").out
     report = gptconv.verify(str(ours_gguf), against="llama.cpp", length=getattr(m, "LLAMA_CPP_LENGTH", None))
     print(f"\n{ours_gguf.parent.name}: our GGUF vs llama.cpp: max|Δ| = {report.max_abs_diff:.3e} "
@@ -136,4 +163,5 @@ def test_presets_have_the_published_parameter_counts(request):
         assert sum(p.numel() for p in model.parameters()) == count, name
 
 
-__all__ = [name for name in dir() if name.startswith("test_")] + ["ckpt", "theirs", "ours_gguf", "FP32"]
+__all__ = [name for name in dir() if name.startswith("test_")] + ["ckpt", "gguf_ckpt", "theirs", "ours_gguf", "FP32",
+                                                                    "plant"]

@@ -9,11 +9,13 @@ from typing import Any
 
 import math
 
+import torch
+
 from ..layers.decoder import FULL, SLIDING, LlamaConfig
 from ..layers.rope import RopeScaling, llama3_from_factors
 from .gguf_decoder import PERMUTE_K, PERMUTE_Q
 from .hf_config import ConfigFields, build_config
-from .keymap import Drop, KeyMap, Map, Rule, Tied
+from .keymap import Drop, Fuse, Fused, KeyMap, Map, Rule, Stacked, Tied
 
 # our step → transformers' module whose output it is
 DECODER_HF_STEPS = {"token_embedding": "model.embed_tokens", "block.{i}": "model.layers.{i}",
@@ -291,6 +293,30 @@ INTERLEAVED_QK = [Map(f"model.layers.{{i}}.self_attn.{n}_proj.{p}", f"blocks.{{i
 VO = [row for row in ATTENTION if row[1].startswith(("attn.v.", "attn.o."))]
 QK_NORM_STEPS = {"block.{i}.q_norm": "model.layers.{i}.self_attn.q_norm",
                  "block.{i}.k_norm": "model.layers.{i}.self_attn.k_norm"}
+
+
+def _experts_gate_up(config: LlamaConfig) -> Fuse:
+    """transformers 5's module holds every expert's gate and up rows as one (E, 2·d_ff, d) tensor:
+    expert e's gate rows, then its up rows. Parts in the order [gate 0, up 0, gate 1, up 1, …]."""
+    size = lambda c: c.moe_d_ff or c.d_ff  # noqa: E731 - each expert's hidden size
+
+    def shapes(s: tuple[int, ...], c: LlamaConfig) -> list[tuple[int, ...]]:
+        if len(s) != 3 or s[1] != 2 * size(c):
+            return [s]  # cannot be split so: the ledger reports the shape
+        return [(size(c), s[2])] * (2 * s[0])
+    return Fuse("experts_gate_up", lambda t, c: [p for e in t.unbind(0) for p in e.split(size(c), 0)],
+                lambda ts, c: torch.stack([torch.cat(ts[k:k + 2], 0) for k in range(0, len(ts), 2)]), shapes)
+
+
+def fused_experts(config: LlamaConfig) -> list[Rule]:
+    """A layer's experts as transformers 5's module holds them (Mixtral, Qwen3-MoE), and saves them with
+    save_original_format=False: two 3-D tensors under mlp.experts (the router is the family's own row)."""
+    experts = range(config.n_experts)
+    return [Fused("model.layers.{i}.mlp.experts.gate_up_proj",
+                  [f"blocks.{{i}}.mlp.experts.{j}.{w}.weight" for j in experts for w in ("gate", "up")],
+                  _experts_gate_up(config)),
+            Stacked("model.layers.{i}.mlp.experts.down_proj", "blocks.{i}.mlp.experts.{j}.down.weight",
+                    lambda c: c.n_experts)]
 
 
 def decoder_hf_keymap(config: LlamaConfig, model_type: str, layer: list[tuple[str, str]], fused: list[Rule] = (),

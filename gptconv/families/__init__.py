@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import GptconvError, where
-from . import ernie4_5, exaone4, gemma2, gemma3, gpt2, llama, mistral, mixtral, olmo2, phi3, qwen2, qwen3
+from . import ernie4_5, exaone4, gemma2, gemma3, gpt2, llama, mistral, mixtral, olmo2, phi3, qwen2, qwen3, qwen3_moe
 from .base import Family, Preset, Wrapper
 
 FAMILIES: tuple[Family, ...] = (
@@ -28,6 +28,7 @@ FAMILIES: tuple[Family, ...] = (
     exaone4.FAMILY,
     gemma2.FAMILY,
     ernie4_5.FAMILY,
+    qwen3_moe.FAMILY,
 )
 
 BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES}

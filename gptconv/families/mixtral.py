@@ -10,15 +10,15 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from gguf import Keys
 
 from ..convert.gguf_decoder import (EXPERTS, add_llama_hparams, decoder_config_from_gguf, decoder_gguf_keymap,
                                     experts_of, standard_layer, window_of)
 from ..convert.hf_config import ConfigFields
 from ..convert.hf_decoder import (ATTENTION, DECODER_HF_STEPS, NORMS, decoder_config_from_hf, decoder_config_to_hf,
-                                  decoder_hf_keymap, describe_decoder, window_on_every_layer)
-from ..convert.keymap import Fuse, Fused, KeyMap, Map, Rule, Stacked
+                                  decoder_hf_keymap, describe_decoder, fused_experts,
+                                  window_on_every_layer)
+from ..convert.keymap import KeyMap, Map, Rule
 from ..layers.decoder import Llama, LlamaConfig
 from .base import Family, Preset
 
@@ -53,26 +53,9 @@ _MOE = [("block_sparse_moe.gate.weight", "mlp.router.weight"),
         ("block_sparse_moe.experts.{j}.w2.weight", "mlp.experts.{j}.down.weight")]
 
 
-def _experts_gate_up(config: LlamaConfig) -> Fuse:
-    """transformers 5's module holds every expert's gate and up rows as one (E, 2·d_ff, d) tensor:
-    expert e's gate rows, then its up rows. Parts in the order [gate 0, up 0, gate 1, up 1, …]."""
-    def shapes(s: tuple[int, ...], c: LlamaConfig) -> list[tuple[int, ...]]:
-        if len(s) != 3 or s[1] != 2 * c.d_ff:
-            return [s]  # cannot be split so: the ledger reports the shape
-        return [(c.d_ff, s[2])] * (2 * s[0])
-    return Fuse("experts_gate_up", lambda t, c: [p for e in t.unbind(0) for p in e.split(c.d_ff, 0)],
-                lambda ts, c: torch.stack([torch.cat(ts[k:k + 2], 0) for k in range(0, len(ts), 2)]), shapes)
-
-
 def _moe_fused(config: LlamaConfig) -> list[Rule]:
     """The experts as transformers 5's module holds them: the router under mlp.gate, two 3-D tensors."""
-    experts = range(config.n_experts)
-    return [Map("model.layers.{i}.mlp.gate.weight", "blocks.{i}.mlp.router.weight"),
-            Fused("model.layers.{i}.mlp.experts.gate_up_proj",
-                  [f"blocks.{{i}}.mlp.experts.{j}.{w}.weight" for j in experts for w in ("gate", "up")],
-                  _experts_gate_up(config)),
-            Stacked("model.layers.{i}.mlp.experts.down_proj", "blocks.{i}.mlp.experts.{j}.down.weight",
-                    lambda c: c.n_experts)]
+    return [Map("model.layers.{i}.mlp.gate.weight", "blocks.{i}.mlp.router.weight"), *fused_experts(config)]
 
 
 def hf_keymap(c: LlamaConfig, module: bool = False) -> KeyMap:

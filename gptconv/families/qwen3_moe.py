@@ -1,0 +1,129 @@
+"""Qwen3-MoE (HF qwen3_moe; GGUF qwen3moe): Qwen3's decoder (an RMSNorm on each head of q and k before
+RoPE) with routed experts for the MLP: a router picks ``num_experts_per_tok`` of ``num_experts`` SwiGLU
+experts of ``moe_intermediate_size`` per token, their softmax weights renormalised or not
+(``norm_topk_prob``). Layers listed in ``mlp_only_layers``, or off the ``decoder_sparse_step``, keep a
+dense SwiGLU of ``intermediate_size``.
+
+HF files store an expert per tensor (``mlp.experts.{j}.gate_proj``); transformers 5's module holds them
+fused, and saves them so with save_original_format=False: both layouts are read. llama.cpp's qwen3moe
+rotates halves as HF does (no Q/K permutation), stacks a layer's experts in one tensor per matrix, keeps
+the router in F32, renormalises the chosen weights always and has experts on every layer: a config
+with dense layers or unnormalised weights is not exported to GGUF.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gguf import Keys
+
+from ..convert.gguf_decoder import (EXPERTS, QK_NORM as GGUF_QK_NORM, add_decoder_hparams, add_key_length,
+                                    add_linear_scaling, add_window, decoder_config_from_gguf, decoder_gguf_keymap,
+                                    experts_of, standard_layer)
+from ..convert.hf_config import ConfigFields
+from ..convert.hf_decoder import (ATTENTION, DECODER_HF_STEPS, MLP, NORMS, QK_NORM, decoder_config_from_hf,
+                                  decoder_config_to_hf, decoder_hf_keymap, describe_decoder, fused_experts, no_window)
+from ..convert.keymap import KeyMap
+from ..errors import where
+from ..layers.decoder import Llama, LlamaConfig
+from .base import Family, Preset
+
+PRESETS: dict[str, Preset] = {
+    # Qwen/Qwen3-30B-A3B: 48 layers of 2048, 128 experts of 768 (8 per token, renormalised), untied
+    "qwen3-30b-a3b": Preset(LlamaConfig(vocab_size=151936, context_length=40960, d_model=2048, n_layers=48,
+                                        n_heads=32, n_kv_heads=4, d_ff=6144, head_dim=128, norm_eps=1e-6,
+                                        rope_theta=1000000.0, qk_norm=True, n_experts=128, n_experts_used=8,
+                                        moe_d_ff=768, norm_topk_prob=True, bos_token_id=151643,
+                                        eos_token_id=151645, family="qwen3_moe"), "Qwen/Qwen3-30B-A3B"),
+}
+
+_HAS = frozenset({"unnormalised expert weights", "expert size", "dense layers among experts"})
+
+
+def _experts(f: ConfigFields) -> dict[str, Any]:
+    """n_experts, n_experts_used, moe_d_ff, norm_topk_prob and which layers have experts, with
+    transformers' defaults; a layer has experts unless ``mlp_only_layers`` lists it or it is off the
+    ``decoder_sparse_step`` (layer i has experts where (i + 1) % step == 0)."""
+    named = {k: f.positive(k, None) for k in ("num_experts", "num_local_experts")}  # transformers saves the second
+    if None not in named.values() and len(set(named.values())) > 1:
+        raise f.error(f"num_experts {named['num_experts']} and num_local_experts {named['num_local_experts']} differ")
+    n = f.int("num_hidden_layers")
+    step = f.positive("decoder_sparse_step", 1)
+    dense = f.data.get("mlp_only_layers") or []
+    if not isinstance(dense, list) or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < n
+                                              for i in dense):
+        raise f.error(f"mlp_only_layers must list layer numbers from 0 to {n - 1}")
+    return dict(n_experts=named["num_experts"] or named["num_local_experts"] or 128,
+                n_experts_used=f.positive("num_experts_per_tok", 8),
+                moe_d_ff=f.positive("moe_intermediate_size", 768), norm_topk_prob=f.bool("norm_topk_prob", False),
+                moe_layers=tuple(i not in dense and (i + 1) % step == 0 for i in range(n)))
+
+
+def config_from_hf(data: dict[str, Any], origin: object) -> LlamaConfig:
+    f = ConfigFields(data, origin)
+    bias = f.bool("attention_bias", False)
+    if f.bool("use_sliding_window", False):  # transformers' qwen3_moe: the window on every layer
+        window = f.positive("sliding_window", 4096)
+    else:
+        no_window(f)
+        window = None
+    return decoder_config_from_hf(f, "qwen3_moe", {}, qkv_bias=bias, o_bias=bias, qk_norm=True,
+                                  sliding_window=window, **_experts(f))
+
+
+def config_to_hf(c: LlamaConfig) -> dict[str, Any]:
+    out = decoder_config_to_hf(c, "qwen3_moe", "Qwen3MoeForCausalLM", biases=(c.qkv_bias, c.qkv_bias, False),
+                               qk_norm=True, experts=True, has=_HAS)
+    out.update(num_experts=c.n_experts, num_experts_per_tok=c.n_experts_used, moe_intermediate_size=c.moe_d_ff or c.d_ff,
+               norm_topk_prob=c.norm_topk_prob, decoder_sparse_step=1,
+               mlp_only_layers=[i for i in range(c.n_layers) if not c.experts_at(i)],
+               use_sliding_window=c.sliding_window is not None)
+    return out
+
+
+# the router and each expert's SwiGLU, as the files store them (the router is mlp.gate in both layouts)
+_MOE = [("mlp.gate.weight", "mlp.router.weight"),
+        *((f"mlp.experts.{{j}}.{n}_proj.weight", f"mlp.experts.{{j}}.{n}.weight") for n in ("gate", "up", "down"))]
+
+
+def hf_keymap(c: LlamaConfig, module: bool = False) -> KeyMap:
+    """Both layouts of the experts, and the dense layers' MLP; ``module``: the module's layout first, so
+    that the inverse gives what ``Qwen3MoeForCausalLM.load_state_dict`` takes."""
+    return decoder_hf_keymap(c, "qwen3_moe", NORMS + ATTENTION + QK_NORM + MLP + _MOE, fused_experts(c),
+                             fused_first=module)
+
+
+def config_from_gguf(f: Any, tensors: dict) -> LlamaConfig:
+    """llama.cpp's qwen3moe: experts on every layer, their weights renormalised (it says so in its code, not
+    the file), no window, no shared expert."""
+    experts = experts_of(f)
+    if not experts:
+        raise where(f.path, "qwen3moe without expert_count")
+    for key in (Keys.Attention.SLIDING_WINDOW, Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH):
+        if f.get(key, int, 0):
+            raise where(f.path, f"'{key.format(arch=f.arch)}' is not supported: llama.cpp's qwen3moe has no such "
+                                "feature")
+    return decoder_config_from_gguf(f, tensors, "qwen3_moe", qk_norm=True, norm_topk_prob=True,
+                                    moe_d_ff=f.get(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, int), **experts)
+
+
+def gguf_metadata(w: Any, c: LlamaConfig) -> None:
+    """llama.cpp's converter: the generic keys, the key length, and the experts' size."""
+    add_decoder_hparams(w, c, has=frozenset({"expert size"}), arch="qwen3moe")
+    add_window(w, c, "qwen3moe", kept=False)
+    add_key_length(w, c, always=True)
+    add_linear_scaling(w, c)
+    w.add_expert_feed_forward_length(c.moe_d_ff or c.d_ff)
+
+
+FAMILY = Family(
+    name="qwen3_moe", config_class=LlamaConfig, model_class=Llama, presets=PRESETS,
+    hf_model_types=("qwen3_moe",), config_from_hf=config_from_hf, config_to_hf=config_to_hf,
+    hf_keymap=hf_keymap, hf_module_keymap=lambda c: hf_keymap(c, module=True),
+    gguf_arch="qwen3moe", config_from_gguf=config_from_gguf,
+    gguf_keymap=lambda c: decoder_gguf_keymap(c, "qwen3moe",
+                                              standard_layer(permuted=False, mlp=False) + GGUF_QK_NORM + EXPERTS),
+    gguf_metadata=gguf_metadata,
+    hf_steps=DECODER_HF_STEPS, describe=describe_decoder,
+    gguf_vocab={"pre_tokenizer_first": "qwen2"},
+)
