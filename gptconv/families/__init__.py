@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import GptconvError, where
-from . import ernie4_5, exaone4, gemma2, gemma3, gpt2, llama, mistral, mixtral, olmo2, phi3, qwen2, qwen3, qwen3_moe
+from . import (ernie4_5, exaone4, gemma2, gemma3, gpt2, granite, llama, mistral, mixtral, olmo2, phi3, qwen2, qwen3,
+               qwen3_moe)
 from .base import Family, Preset, Wrapper
 
 FAMILIES: tuple[Family, ...] = (
@@ -29,6 +30,7 @@ FAMILIES: tuple[Family, ...] = (
     gemma2.FAMILY,
     ernie4_5.FAMILY,
     qwen3_moe.FAMILY,
+    granite.FAMILY,
 )
 
 BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES}

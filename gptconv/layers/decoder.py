@@ -174,9 +174,9 @@ class Llama(nn.Module):
         c = self.config
         step = Step.begin(ids, cache, attention_mask, tap, c.context_length)
         x = self.tok_emb(ids)                                       # (B, T, d): no position embedding
+        tap("token_embedding", x)                                   # the lookup, as HF's embed_tokens gives it
         if c.embedding_multiplier != 1.0:
             x = x * c.embedding_multiplier                          # µP: the embedding scaled
-        tap("token_embedding", x)
         # (T, rope_dim) each: used inside attention; longrope's long factors once a step reaches past the
         # original context (transformers' rule, decided per forward call)
         s = c.rope_scaling

@@ -1,0 +1,92 @@
+"""Granite 3.x (HF granite; GGUF granite): the Llama decoder with µP multipliers: the token embedding
+× ``embedding_multiplier``, each sublayer's output × ``residual_multiplier`` before the residual add,
+attention scores × ``attention_multiplier`` (in place of head_dim^-½), the logits ÷ ``logits_scaling``.
+transformers' defaults are 1.0 for all four (an attention scale of 1, not head_dim^-½). llama.cpp's
+granite rotates interleaved pairs, so its Q and K rows are permuted as llama's; it has no head_dim
+apart from d / heads (its converter drops the field).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gguf import Keys
+
+from ..convert.gguf_decoder import (add_decoder_hparams, add_linear_scaling, add_window, decoder_config_from_gguf,
+                                    decoder_gguf_keymap, refuse_experts, standard_layer)
+from ..convert.hf_config import ConfigFields
+from ..convert.hf_decoder import (ATTENTION, DECODER_HF_STEPS, MLP, NORMS, decoder_config_from_hf, decoder_config_to_hf,
+                                  decoder_hf_keymap, describe_decoder, no_window)
+from ..errors import GptconvError, where
+from ..layers.decoder import Llama, LlamaConfig
+from .base import Family, Preset
+
+PRESETS: dict[str, Preset] = {
+    # ibm-granite/granite-3.3-2b-base: 40 layers of 2048, 32 heads sharing 8 K/V heads, tied
+    "granite-3.3-2b": Preset(LlamaConfig(vocab_size=49159, context_length=131072, d_model=2048, n_layers=40,
+                                         n_heads=32, n_kv_heads=8, d_ff=8192, norm_eps=1e-5, rope_theta=10000000.0,
+                                         tie_embeddings=True, embedding_multiplier=12.0, residual_multiplier=0.22,
+                                         attention_scale=0.015625, logits_scaling=8.0, bos_token_id=0,
+                                         eos_token_id=0, family="granite"), "ibm-granite/granite-3.3-2b-base"),
+}
+
+_HAS = frozenset({"µP multipliers"})
+# the multipliers: ours, HF's name, llama.cpp's key (each optional in llama.cpp but the logit scale)
+_MULTIPLIERS = (("embedding_multiplier", "embedding_multiplier", Keys.LLM.EMBEDDING_SCALE),
+                ("residual_multiplier", "residual_multiplier", Keys.LLM.RESIDUAL_SCALE),
+                ("attention_scale", "attention_multiplier", Keys.Attention.SCALE),
+                ("logits_scaling", "logits_scaling", Keys.LLM.LOGIT_SCALE))
+
+
+def config_from_hf(data: dict[str, Any], origin: object) -> LlamaConfig:
+    f = ConfigFields(data, origin)
+    no_window(f)
+    bias = f.bool("attention_bias", False)
+    return decoder_config_from_hf(f, "granite", {}, qkv_bias=bias, o_bias=bias, mlp_bias=f.bool("mlp_bias", False),
+                                  **{ours: f.float(hf, 1.0) for ours, hf, _ in _MULTIPLIERS})
+
+
+def config_to_hf(c: LlamaConfig) -> dict[str, Any]:
+    out = decoder_config_to_hf(c, "granite", "GraniteForCausalLM", biases=(c.qkv_bias, c.qkv_bias, c.mlp_bias),
+                               window=False, has=_HAS)
+    out.update({hf: getattr(c, ours) for ours, hf, _ in _MULTIPLIERS})
+    if c.attention_scale is None:  # HF's granite has no "head_dim^-½": its default is 1
+        out["attention_multiplier"] = c.head_dim ** -0.5
+    return out
+
+
+def config_from_gguf(f: Any, tensors: dict) -> LlamaConfig:
+    """As llama.cpp runs a granite file: a scale absent (or 0) is not applied (the attention's is then
+    head_dim^-½); the logit scale is required."""
+    refuse_experts(f)
+    scales = {ours: f.get(key, float, 0.0) or None for ours, _, key in _MULTIPLIERS}
+    if scales["logits_scaling"] is None:
+        raise where(f.path, f"missing metadata key '{Keys.LLM.LOGIT_SCALE.format(arch=f.arch)}' (llama.cpp requires it)")
+    return decoder_config_from_gguf(f, tensors, "granite", attention_scale=scales.pop("attention_scale"),
+                                    **{k: v or 1.0 for k, v in scales.items()})
+
+
+def gguf_metadata(w: Any, c: LlamaConfig) -> None:
+    """llama.cpp's converter (its llama's keys, no key length, then the four scales)."""
+    if c.head_dim != c.d_model // c.n_heads:
+        raise GptconvError("llama.cpp's granite has no head_dim other than d / heads; not exported")
+    add_decoder_hparams(w, c, vocab_size=True, rope_dims=True, has=_HAS, arch="granite")
+    add_window(w, c, "granite", kept=False)
+    add_linear_scaling(w, c)
+    if c.attention_scale is not None:
+        w.add_attention_scale(c.attention_scale)
+    w.add_embedding_scale(c.embedding_multiplier)
+    w.add_residual_scale(c.residual_multiplier)
+    w.add_logit_scale(c.logits_scaling)
+
+
+FAMILY = Family(
+    name="granite", config_class=LlamaConfig, model_class=Llama, presets=PRESETS,
+    hf_model_types=("granite",), config_from_hf=config_from_hf, config_to_hf=config_to_hf,
+    hf_keymap=lambda c: decoder_hf_keymap(c, "granite", NORMS + ATTENTION + MLP),
+    gguf_arch="granite", config_from_gguf=config_from_gguf,
+    gguf_keymap=lambda c: decoder_gguf_keymap(c, "granite", standard_layer(permuted=True)),
+    gguf_metadata=gguf_metadata,
+    hf_steps=DECODER_HF_STEPS, describe=describe_decoder,
+    gguf_vocab={"add_prefix_space_from_config": True},
+)
