@@ -83,3 +83,24 @@ def test_the_dense_layer_with_the_expert_size_fails(ckpt, monkeypatch):
     monkeypatch.setattr(decoder.SwiGLU, "__init__", lambda self, d, d_ff, bias=False: real(self, d, 32, bias))
     with pytest.raises(GptconvError, match="wrong shape"):
         gptconv.load(ckpt)
+
+
+def test_llama_cpps_converter_writes_unnormalised_weights_as_renormalised(gguf_ckpt, theirs, tmp_path):
+    """llama.cpp's qwen3moe renormalises the chosen weights always (its graph says so; no key says
+    otherwise): its converter writes a norm_topk_prob=False folder as the very file it writes for
+    norm_topk_prob=True, which llama.cpp runs renormalised (the battery verifies that file against
+    llama.cpp). Our export refuses the folder rather than write a file llama.cpp would run otherwise."""
+    import json
+
+    import llama_cpp_tools
+    folder = tmp_path / "unnormalised"
+    folder.mkdir()
+    for f in gguf_ckpt.iterdir():
+        (folder / f.name).write_bytes(f.read_bytes())
+    config = json.loads((folder / "config.json").read_text())
+    assert config["norm_topk_prob"] is True
+    (folder / "config.json").write_text(json.dumps({**config, "norm_topk_prob": False}))
+    keys, tensors = llama_cpp_tools.differences(llama_cpp_tools.convert(folder, tmp_path / "theirs.gguf"), theirs)
+    assert tensors == [] and set(keys) <= {"general.name"}, (keys, tensors)
+    with pytest.raises(GptconvError, match="unnormalised expert weights"):
+        export(str(folder), tmp_path / "ours.gguf", "gguf", "f32")
