@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import GptconvError, where
-from . import exaone4, gemma3, gpt2, llama, mistral, mixtral, olmo2, phi3, qwen2, qwen3
+from . import exaone4, gemma3, gpt2, llama, mistral, mixtral, olmo2, phi3, qwen2, qwen3, smollm3
 from .base import Family, Preset, Wrapper
 
 FAMILIES: tuple[Family, ...] = (
@@ -26,6 +26,7 @@ FAMILIES: tuple[Family, ...] = (
     gemma3.FAMILY,
     olmo2.FAMILY,
     exaone4.FAMILY,
+    smollm3.FAMILY,
 )
 
 BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES}
