@@ -90,13 +90,24 @@ def generate_tokens(model: nn.Module, prompt: list[int], max_new_tokens: int, te
     # room for the prompt and the first tokens; it grows as generation goes on, up to ``total``
     cache = KVCache.for_model(model, batch=1, max_len=total, reserve=len(prompt) + 256)
     ids = torch.tensor([prompt], device=device)                     # (1, T): the prefill
+    seq = ids
     for _ in range(total - len(prompt)):
+        if _stale(model, cache, ids):                               # recompute the whole sequence once
+            cache = KVCache.for_model(model, batch=1, max_len=total, reserve=seq.shape[1] + 256)
+            ids = seq
         logits = model(ids, cache=cache, last_only=True)[:, -1]     # (1, V)
         token = next_token(logits, temperature, top_k, generator, top_p)  # (1,)
         yield int(token)
         if int(token) in stop_ids:
             return
         ids = token[:, None]                                        # (1, 1): T = 1 from here on
+        seq = torch.cat([seq, ids], dim=1)
+
+
+def _stale(model: nn.Module, cache: KVCache, ids: torch.Tensor) -> bool:
+    """Whether the cache must be recomputed before this step (``cache_stale``: longrope's switch)."""
+    stale = getattr(model, "cache_stale", None)
+    return stale is not None and stale(cache.pos, cache.pos + ids.shape[1])
 
 
 def generate_ids(model: nn.Module, prompt: list[int], max_new_tokens: int, **options) -> list[int]:
@@ -128,7 +139,11 @@ def generate_batch(model: nn.Module, prompts: list[list[int]], max_new_tokens: i
     cache = KVCache.for_model(model, batch=len(prompts), max_len=t + steps, reserve=t + min(steps, 256))
     out: list[list[int]] = [[] for _ in prompts]
     running = [b > 0 for b in budget]
+    seq, seq_mask = ids, mask
     for _ in range(steps):
+        if _stale(model, cache, ids):                               # recompute the whole batch once
+            cache = KVCache.for_model(model, batch=len(prompts), max_len=t + steps, reserve=seq.shape[1] + 256)
+            ids, mask = seq, seq_mask
         logits = model(ids, cache=cache, last_only=True, attention_mask=mask)[:, -1]  # (B, V)
         tokens = next_token(logits, temperature, top_k, generator, top_p)  # (B,)
         for i, token in enumerate(tokens.tolist()):
@@ -139,4 +154,5 @@ def generate_batch(model: nn.Module, prompts: list[list[int]], max_new_tokens: i
             break
         ids = tokens[:, None]                                       # (B, 1)
         mask = torch.tensor(running, device=device)[:, None]        # a finished row's tokens are pads
+        seq, seq_mask = torch.cat([seq, ids], dim=1), torch.cat([seq_mask, mask], dim=1)
     return out

@@ -18,17 +18,20 @@ from .keymap import Drop, KeyMap, Map, Rule, Stacked, TensorInfo, Tied, Transfor
 
 
 def decoder_config_from_gguf(f: Any, tensors: dict[str, TensorInfo], family: str, fused_qkv: bool = False,
-                             **specific: Any) -> LlamaConfig:
+                             partial_rotary: bool = False, **specific: Any) -> LlamaConfig:
     """A config from the metadata every architecture of the decoder has; biases are those present in
-    block 0; ``specific``: the family's own fields (window, q/k norms, experts)."""
+    block 0; ``specific``: the family's own fields (window, q/k norms, experts); ``partial_rotary``: the
+    architecture rotates the first rope.dimension_count dimensions of each head (else they must be all)."""
     heads = f.get(Keys.Attention.HEAD_COUNT, int)
     d = f.get(Keys.LLM.EMBEDDING_LENGTH, int)
     head_dim = f.get(Keys.Attention.KEY_LENGTH, int, 0) or d // max(heads, 1)
     rope_dim = f.get(Keys.Rope.DIMENSION_COUNT, int, head_dim)
-    if rope_dim != head_dim:
+    if rope_dim != head_dim and not (partial_rotary and 0 < rope_dim < head_dim):
         raise where(f.path, f"RoPE on {rope_dim} of {head_dim} head dimensions is not supported")
+    if partial_rotary:
+        specific["rope_dim"] = rope_dim
     try:
-        scaling = _rope_scaling(f, tensors, head_dim)
+        scaling = _rope_scaling(f, tensors, rope_dim)
     except ValueError as e:
         raise where(f.path, str(e)) from None
     has = lambda tensor: gguf_name(tensor, "bias").replace("{i}", "0") in tensors  # noqa: E731
@@ -62,7 +65,16 @@ def window_of(f: Any) -> int | None:
     return f.get(Keys.Attention.SLIDING_WINDOW, int, 0) or None  # 0: none
 
 
-def _rope_scaling(f: Any, tensors: dict[str, TensorInfo], head_dim: int) -> RopeScaling | None:
+def _factors(tensors: dict[str, TensorInfo], name: str, n: int) -> tuple[float, ...]:
+    """A tensor of per-frequency RoPE factors (config stored as a tensor): n positive numbers."""
+    factors = tensors[name].load().flatten().tolist()
+    if len(factors) != n or not all(0 < x < 1e6 for x in factors):
+        raise ValueError(f"{name} has {len(factors)} factors, expected {n} positive ones")
+    return tuple(factors)
+
+
+def _rope_scaling(f: Any, tensors: dict[str, TensorInfo], rope_dim: int) -> RopeScaling | None:
+    """``rope_dim``: the dimensions of each head RoPE rotates."""
     scaling = None
     kind = f.get(Keys.Rope.SCALING_TYPE, str, "none")
     if kind == "linear":
@@ -72,10 +84,16 @@ def _rope_scaling(f: Any, tensors: dict[str, TensorInfo], head_dim: int) -> Rope
     elif kind not in ("none", ""):
         raise ValueError(f"RoPE scaling '{kind}' is not supported")
     if "rope_freqs.weight" in tensors:  # Llama 3.1 scaling, stored as one factor per frequency
-        factors = tensors["rope_freqs.weight"].load().flatten().tolist()
-        if len(factors) != head_dim // 2 or not all(0 < x < 1e6 for x in factors):
-            raise ValueError(f"rope_freqs has {len(factors)} factors, expected {head_dim // 2} positive ones")
-        scaling = RopeScaling("factors", factors=tuple(factors))
+        scaling = RopeScaling("factors", factors=_factors(tensors, "rope_freqs.weight", rope_dim // 2))
+    long, short = gguf_name(T.ROPE_FACTORS_LONG), gguf_name(T.ROPE_FACTORS_SHORT)
+    if long in tensors or short in tensors:  # longrope (Phi-3 128k, Phi-4-mini): both factor sets as tensors
+        if scaling is not None or long not in tensors or short not in tensors:
+            raise ValueError("longrope needs both rope_factors_long and rope_factors_short, and no other scaling")
+        original = f.get(Keys.Rope.SCALING_ORIG_CTX_LEN, int)
+        scaling = RopeScaling("longrope", factor=f.get(Keys.LLM.CONTEXT_LENGTH, int) / original,
+                              original_context_length=original, factors=_factors(tensors, short, rope_dim // 2),
+                              long_factors=_factors(tensors, long, rope_dim // 2),
+                              attention_factor=f.get(Keys.Rope.SCALING_ATTN_FACTOR, float, 1.0))
     return scaling
 
 
@@ -168,7 +186,8 @@ def decoder_gguf_keymap(config: LlamaConfig, arch: str, layer: list[Rule]) -> Ke
         *layer,
         Map(gguf_name(T.OUTPUT_NORM), "norm_f.weight"),
         head,
-        Drop(gguf_name(T.ROPE_FREQS)),  # read into the config (RopeScaling "factors"), not a parameter
+        # read into the config (RopeScaling "factors", "longrope"), not parameters
+        Drop(gguf_name(T.ROPE_FREQS)), Drop(gguf_name(T.ROPE_FACTORS_LONG)), Drop(gguf_name(T.ROPE_FACTORS_SHORT)),
     ])
 
 
@@ -184,8 +203,10 @@ def add_decoder_hparams(w: Any, cfg: LlamaConfig, *, vocab_size: bool = False, r
         raise GptconvError(f"llama.cpp's {arch or 'architecture'} has no place for: {', '.join(sorted(missing))}; "
                            "not exported")
     w.add_context_length(cfg.context_length)
-    if original_context:
-        w.add_rope_scaling_orig_ctx_len(cfg.context_length)  # no longrope: the original context is the context
+    if original_context:  # without longrope the original context is the context
+        s = cfg.rope_scaling
+        w.add_rope_scaling_orig_ctx_len(s.original_context_length if s is not None and s.kind == "longrope"
+                                        else cfg.context_length)
     w.add_embedding_length(cfg.d_model)
     w.add_feed_forward_length(cfg.d_ff)
     w.add_block_count(cfg.n_layers)
@@ -195,7 +216,7 @@ def add_decoder_hparams(w: Any, cfg: LlamaConfig, *, vocab_size: bool = False, r
     w.add_head_count_kv(cfg.n_kv_heads)
     w.add_layer_norm_rms_eps(cfg.norm_eps)
     if rope_dims:
-        w.add_rope_dimension_count(cfg.head_dim)
+        w.add_rope_dimension_count(cfg.rope_dim or cfg.head_dim)
     w.add_rope_freq_base(cfg.rope_theta)
     if cfg.n_experts:
         w.add_expert_count(cfg.n_experts)

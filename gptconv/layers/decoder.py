@@ -202,6 +202,13 @@ class Llama(nn.Module):
         refuse_training(self.config, mode)
         return super().train(mode)
 
+    def cache_stale(self, cached: int, reach: int) -> bool:
+        """Whether a KV cache of ``cached`` positions must be recomputed for a step reaching ``reach``: with
+        longrope, the first step past the original context (its keys were rotated with the short factors,
+        the whole sequence now rotates with the long ones), as transformers' phi3 generates."""
+        s = self.config.rope_scaling
+        return (s is not None and s.kind == "longrope" and 0 < cached <= s.original_context_length < reach)
+
     def inv_freq(self, device: torch.device, long: bool = False, local: bool = False) -> torch.Tensor:
         """The global layers' frequencies (longrope's ``long`` ones), or with ``local`` the sliding layers' own."""
         if (device, long, local) not in self._inv_freq:

@@ -69,8 +69,7 @@ def _write(w: GGUFWriter, weights: Weights, src, tokenizer, dtype: str, narrow: 
     qtypes = [_tensor_type(s.name, s.shape, dtype) for s in stored]
     infos = [(s.name, s.shape, qtype) for s, qtype in zip(stored, qtypes)]
     factors = _rope_factors(cfg)
-    if factors is not None:
-        infos.append(("rope_freqs.weight", tuple(factors.shape), Q.F32))
+    infos += [(n, tuple(t.shape), Q.F32) for n, t in factors]
 
     for gguf_name, shape, qtype in infos:
         nbytes, np_dtype, info_shape = _layout(shape, qtype)
@@ -85,8 +84,8 @@ def _write(w: GGUFWriter, weights: Weights, src, tokenizer, dtype: str, narrow: 
             data = _encode(s.name, tensor, qtype, narrow)
             del tensor  # its pages are unmapped before the next tensor is read
             write(w.write_tensor_data, data)
-        if factors is not None:
-            write(w.write_tensor_data, factors.numpy())
+        for _, t in factors:
+            write(w.write_tensor_data, t.numpy())
     return infos
 
 
@@ -161,13 +160,17 @@ def _encode(name: str, t: torch.Tensor, qtype: Q, narrow: Narrowing) -> np.ndarr
     return out.reshape(quant_shape_to_byte_shape(tuple(t.shape), qtype))
 
 
-def _rope_factors(cfg) -> torch.Tensor | None:
-    """Llama 3.1 scaling goes into GGUF as one factor per frequency (llama.cpp's ``rope_freqs``)."""
+def _rope_factors(cfg) -> list[tuple[str, torch.Tensor]]:
+    """RoPE scaling that GGUF stores as tensors of per-frequency factors: Llama 3.1's (llama.cpp's
+    ``rope_freqs``), longrope's long and short factors (``rope_factors_long``, ``rope_factors_short``)."""
     s = getattr(cfg, "rope_scaling", None)
-    if s is None or s.kind not in ("llama3", "factors"):  # linear, yarn: keys; longrope: its family's tensors
-        return None
+    if s is not None and s.kind == "longrope":
+        return [("rope_factors_long.weight", torch.tensor(s.long_factors, dtype=torch.float32)),
+                ("rope_factors_short.weight", torch.tensor(s.factors, dtype=torch.float32))]
+    if s is None or s.kind not in ("llama3", "factors"):  # linear, yarn: keys
+        return []
     base = rope_frequencies(cfg.head_dim, cfg.rope_theta)
-    return (base / rope_frequencies(cfg.head_dim, cfg.rope_theta, s)).float()
+    return [("rope_freqs.weight", (base / rope_frequencies(cfg.head_dim, cfg.rope_theta, s)).float())]
 
 
 def _vocab(src, tokenizer, cfg) -> GGUFVocab:
