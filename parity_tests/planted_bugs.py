@@ -140,7 +140,7 @@ def _interleaved(model: nn.Module, case: Case):
 def _theta_10x(model: nn.Module, case: Case):
     c = model.config
     changes = {"rope_theta": c.rope_theta * 10}
-    if hasattr(c, "rope_local_theta"):
+    if getattr(c, "rope_local_theta", None) is not None:
         changes["rope_local_theta"] = c.rope_local_theta * 10
     return _config(model, **changes)
 
