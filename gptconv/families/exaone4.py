@@ -17,7 +17,7 @@ from ..convert.hf_config import ConfigFields
 from ..convert.hf_decoder import (ATTENTION, DECODER_HF_STEPS, MLP, POST_NORM_STEPS, POST_NORMS, QK_NORM,
                                   QK_NORM_STEPS, decoder_config_from_hf, decoder_config_to_hf, decoder_hf_keymap,
                                   describe_decoder, layer_types, windows_of_layer_types)
-from ..errors import where
+from ..errors import GptconvError, where
 from ..layers.decoder import FULL, SLIDING, Llama, LlamaConfig
 from ..layers.rope import RopeScaling
 from .base import Family, Preset
@@ -101,7 +101,6 @@ def gguf_metadata(w: Any, c: LlamaConfig) -> None:
     try:
         _nope_on_global_layers(c)
     except ValueError as e:
-        from ..errors import GptconvError
         raise GptconvError(f"cannot be written as GGUF exaone4: {e}") from None
     add_decoder_hparams(w, c, vocab_size=True, has=_HAS, arch="exaone4")
     add_key_length(w, c, always=False)
