@@ -123,7 +123,9 @@ def decoder_config_from_hf(f: ConfigFields, family: str, defaults: dict[str, Any
     # dropouts and noise that act in training only, which our modules do not have
     untrained = tuple(f"{name} {f.data[name]}" for name in ("resid_pdrop", "embd_pdrop", "router_jitter_noise")
                       if f.float(name, 0.0))
-    layer_types(f)  # checked whatever the family makes of them
+    # layer_types checked whatever the family makes of them; linear layers only where the family has them
+    if "linear_attention" in (layer_types(f) or ()) and "linear_attention" not in specific:
+        raise f.error(f"layer_types has linear_attention layers, which model_type {family} does not have")
     return build_config(
         LlamaConfig, f,
         **f.common(context_length="max_position_embeddings", d_model="hidden_size", n_layers="num_hidden_layers",
@@ -211,16 +213,16 @@ def rope_by_layer_type(f: ConfigFields, default_theta: float = 10000.0,
 
 
 def layer_types(f: ConfigFields) -> list[str] | None:
-    """``layer_types``, checked: one of full_attention / sliding_attention per layer, or absent."""
+    """``layer_types``, checked: one of full_attention / sliding_attention / linear_attention per layer, or absent."""
     types = f.data.get("layer_types")
     if types is None:
         return None
     n = f.int("num_hidden_layers")
     if not isinstance(types, list) or len(types) != n:
         raise f.error(f"layer_types must list one kind per layer ({n})")
-    bad = next((t for t in types if t not in ("full_attention", "sliding_attention")), None)
+    bad = next((t for t in types if t not in ("full_attention", "sliding_attention", "linear_attention")), None)
     if bad is not None or not all(isinstance(t, str) for t in types):
-        raise f.error(f"layer_types: {bad!r} is not full_attention or sliding_attention")
+        raise f.error(f"layer_types: {bad!r} is not full_attention, sliding_attention or linear_attention")
     return types
 
 
@@ -320,11 +322,12 @@ def fused_experts(config: LlamaConfig) -> list[Rule]:
 
 
 def decoder_hf_keymap(config: LlamaConfig, model_type: str, layer: list[tuple[str, str]], fused: list[Rule] = (),
-                      fused_first: bool = False) -> KeyMap:
+                      fused_first: bool = False, extra: list[Rule] = ()) -> KeyMap:
     """HF names need no transform: HF's q/k rows are already in rotate-half order. Bias rows that the
     config does not enable are absent from the model, and so reported if a file has them. ``layer``:
     the (HF, ours) pairs under each layer; ``fused``: rows beyond a rename (tensors HF stores as one,
-    rows reordered), listed after the plain rows (``fused_first``: before them, so that the inverse names those)."""
+    rows reordered), listed after the plain rows (``fused_first``: before them, so that the inverse names those);
+    ``extra``: rows outside the layers (tensors dropped on purpose)."""
     head = (Tied("lm_head.weight", "tok_emb.weight") if config.tie_embeddings
             else Map("lm_head.weight", "lm_head.weight"))
     rows = [Map(f"model.layers.{{i}}.{src}", f"blocks.{{i}}.{dst}") for src, dst in layer]
@@ -334,6 +337,7 @@ def decoder_hf_keymap(config: LlamaConfig, model_type: str, layer: list[tuple[st
         Map("model.norm.weight", "norm_f.weight"),
         head,
         Drop("model.layers.{i}.self_attn.rotary_emb.inv_freq"),  # older files saved RoPE's buffer
+        *extra,
     ])
 
 

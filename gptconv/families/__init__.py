@@ -13,7 +13,7 @@ from typing import Any
 
 from ..errors import GptconvError, where
 from . import (ernie4_5, exaone4, gemma2, gemma3, gpt2, granite, llama, mistral, mixtral, olmo2, phi3, qwen2, qwen3,
-               qwen3_moe, smollm3)
+               qwen3_5, qwen3_moe, smollm3)
 from .base import Family, Preset, Wrapper
 
 FAMILIES: tuple[Family, ...] = (
@@ -30,6 +30,7 @@ FAMILIES: tuple[Family, ...] = (
     gemma2.FAMILY,
     ernie4_5.FAMILY,
     qwen3_moe.FAMILY,
+    qwen3_5.FAMILY,
     granite.FAMILY,
     smollm3.FAMILY,
 )

@@ -139,18 +139,20 @@ class Attention(nn.Module):
     projection. What a family varies is what it passes: biases, the head norm (``qk_norm``: a norm
     module's class; ``qk_norm_over`` "head": built for head_dim and shared by the heads, "all": over the
     whole projection, before it is split into heads, as OLMo 2), the window of this layer, whether it
-    rotates at all (``rope`` False: a NoPE layer, SmolLM3's every 4th), the scale, a soft cap on scores."""
+    rotates at all (``rope`` False: a NoPE layer, SmolLM3's every 4th), the scale, a soft cap on scores, and
+    an output gate (``gate``: the heads' output × sigmoid(gate(x)) before the output projection, Qwen3-Next)."""
 
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, head_dim: int, *, qkv_bias: bool = False,
                  o_bias: bool = False, qk_norm: Callable[[int], nn.Module] | None = None, qk_norm_over: str = "head",
                  window: int | None = None, rope: bool = True, scale: float | None = None, softcap: float | None = None,
-                 dropout: float = 0.0) -> None:
+                 gate: bool = False, dropout: float = 0.0) -> None:
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
         self.q = Linear(d_model, n_heads * head_dim, bias=qkv_bias)
         self.k = Linear(d_model, n_kv_heads * head_dim, bias=qkv_bias)
         self.v = Linear(d_model, n_kv_heads * head_dim, bias=qkv_bias)
         self.o = Linear(n_heads * head_dim, d_model, bias=o_bias)
+        self.gate = Linear(d_model, n_heads * head_dim, bias=qkv_bias) if gate else None
         if qk_norm_over not in ("head", "all"):
             raise ValueError(f"qk_norm_over '{qk_norm_over}': 'head' or 'all'")
         self.qk_norm_over = qk_norm_over
@@ -186,4 +188,8 @@ class Attention(nn.Module):
         p = self.dropout if self.training else 0.0
         # (B, h, T, hd): GQA shares K/V
         y = causal_attention(q, k, v, k.size(2) - T, p, self.window, self.scale, step.pad, self.softcap)
-        return self.o(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
+        y = y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)  # (B, T, h·hd)
+        if self.gate is not None:
+            y = y * torch.sigmoid(self.gate(x))                     # each output gated by the input
+            step.tap("attention_gate", y)
+        return self.o(y)

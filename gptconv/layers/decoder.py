@@ -4,7 +4,9 @@ No position embedding (RoPE rotates Q and K inside every attention layer), RMSNo
 a SwiGLU MLP (or routed experts) for GELU, and grouped-query attention (n_kv_heads ≤ n_heads K/V
 heads, each shared by n_heads / n_kv_heads query heads). A family file (``gptconv/families/``) gives
 its config's ``family`` and the options below it uses (biases, windows, q/k norms, experts, NoPE
-layers, partial rotary, where the norms sit, µP multipliers); the forward does not depend on the family.
+layers, partial rotary, where the norms sit, µP multipliers, linear-attention layers); the forward does
+not depend on the family. In a hybrid model (Qwen3.5, Qwen3-Next) some layers are linear attention
+(``layers/linear_attention.py``): they mix positions through a recurrent state, not over keys.
 """
 
 from __future__ import annotations
@@ -18,13 +20,14 @@ from .attention import Attention
 from .config_checks import check_range, check_rope_heads, check_sizes, refuse_training
 from .kv_cache import KVCache
 from .linear import Linear, linear
+from .linear_attention import DeltaNetShape, GatedDeltaNet
 from .mlp import MoE, SwiGLU
-from .norms import RMSNorm
+from .norms import OffsetRMSNorm, RMSNorm
 from .rope import RopeScaling, rope_frequencies
 from .step import Step
 from .tap import Tap, no_tap
 
-SLIDING, FULL = "sliding_attention", "full_attention"  # HF's layer_types
+SLIDING, FULL, LINEAR = "sliding_attention", "full_attention", "linear_attention"  # HF's layer_types
 NORM_PLACES = ("pre", "post", "sandwich")
 
 
@@ -46,7 +49,10 @@ class LlamaConfig:
     o_bias: bool = False
     mlp_bias: bool = False
     sliding_window: int | None = None  # layers attend to their last sliding_window positions: every layer,
-    layer_types: tuple[str, ...] = ()  # or those SLIDING here (per layer, SLIDING or FULL); () → every layer
+    layer_types: tuple[str, ...] = ()  # or those SLIDING here (per layer, SLIDING, FULL or LINEAR); () → every layer
+    linear_attention: DeltaNetShape | None = None  # the LINEAR layers' sizes (gated delta rule)
+    attention_gate: bool = False  # attention's output × sigmoid(gate(x)) before its projection (Qwen3-Next)
+    offset_norms: bool = False  # RMSNorms scale by 1 + w (weights stored as offsets from 1), q/k norms too
     qk_norm: bool = False  # RMSNorm on q and k, before RoPE:
     qk_norm_over: str = "head"  # on each head (Qwen3), or "all": the whole projection (OLMo 2)
     rope_layers: tuple[bool, ...] = ()  # per layer, whether RoPE rotates q and k (False: a NoPE layer); () → all
@@ -64,6 +70,7 @@ class LlamaConfig:
     norm_topk_prob: bool = True  # the chosen experts' probabilities renormalised to sum to 1 (Mixtral)
     moe_d_ff: int = 0  # each expert's hidden size; 0 → d_ff (then d_ff is the dense layers')
     moe_layers: tuple[bool, ...] = ()  # per layer, experts (True) or the dense SwiGLU; () → experts on all
+    shared_expert_d_ff: int = 0  # a SwiGLU every token runs beside the routed experts, × sigmoid(gate(x)); 0: none
     attention_dropout: float = 0.0  # on the attention weights, in train mode only
     # training-time features of the source's config that gptconv does not implement (residual dropout,
     # router jitter noise, …): inference is exact without them, train() refuses
@@ -91,8 +98,9 @@ class LlamaConfig:
             check_sizes(self, {"sliding_window": 1 << 24})
         if self.n_experts or self.n_experts_used:
             check_sizes(self, {"n_experts": 1024, "n_experts_used": self.n_experts})
-        if self.moe_d_ff:
-            check_sizes(self, {"moe_d_ff": 1 << 20})
+        for name in ("moe_d_ff", "shared_expert_d_ff"):
+            if getattr(self, name):
+                check_sizes(self, {name: 1 << 20})
         if self.rope_dim:
             check_sizes(self, {"rope_dim": self.head_dim})
             if self.rope_dim % 2:
@@ -102,7 +110,7 @@ class LlamaConfig:
         check_range(self, ("embedding_multiplier", "residual_multiplier", "logits_scaling"), 0.0, 1e6, low_open=True)
         if self.attention_scale is not None:
             check_range(self, ("attention_scale",), 0.0, 1e6, low_open=True)
-        for name, allowed in (("layer_types", (SLIDING, FULL)), ("rope_layers", (True, False)),
+        for name, allowed in (("layer_types", (SLIDING, FULL, LINEAR)), ("rope_layers", (True, False)),
                               ("moe_layers", (True, False))):
             value = tuple(getattr(self, name))
             if value and (len(value) != self.n_layers or any(v not in allowed or type(v) is not type(allowed[0])
@@ -111,6 +119,10 @@ class LlamaConfig:
             object.__setattr__(self, name, value)
         if SLIDING in self.layer_types and self.sliding_window is None:
             raise ValueError("layer_types has sliding layers but sliding_window is None")
+        if (LINEAR in self.layer_types) != (self.linear_attention is not None):
+            raise ValueError("linear_attention gives the sizes of layer_types' linear_attention layers: both or neither")
+        if self.shared_expert_d_ff and not self.n_experts:
+            raise ValueError("a shared expert without routed experts")
         # one spelling per model: a per-layer tuple that says the same of every layer is ()
         if self.layer_types and all(t == SLIDING for t in self.layer_types):
             object.__setattr__(self, "layer_types", ())
@@ -142,11 +154,21 @@ class LlamaConfig:
             ("µP multipliers", (c.embedding_multiplier, c.residual_multiplier, c.attention_scale, c.logits_scaling)
              != (1.0, 1.0, None, 1.0)),
             ("unnormalised expert weights", not c.norm_topk_prob), ("expert size", bool(c.moe_d_ff)),
-            ("dense layers among experts", bool(c.moe_layers))) if on}
+            ("dense layers among experts", bool(c.moe_layers)),
+            ("linear attention", LINEAR in c.layer_types), ("attention output gate", c.attention_gate),
+            ("offset norms", c.offset_norms), ("shared expert", bool(c.shared_expert_d_ff))) if on}
 
     def window(self, layer: int) -> int | None:
         """The window layer ``layer`` attends within (None: every position)."""
         return self.sliding_window if not self.layer_types or self.layer_types[layer] == SLIDING else None
+
+    def linear_at(self, layer: int) -> bool:
+        """Whether layer ``layer`` is linear attention (a recurrent state, no keys)."""
+        return bool(self.layer_types) and self.layer_types[layer] == LINEAR
+
+    def norm(self, d: int) -> nn.Module:
+        """An RMSNorm of this model's convention over d features."""
+        return (OffsetRMSNorm if self.offset_norms else RMSNorm)(d, self.norm_eps)
 
     def rope_at(self, layer: int) -> bool:
         return not self.rope_layers or self.rope_layers[layer]
@@ -161,7 +183,7 @@ class Llama(nn.Module):
         self.config = config
         self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
         self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layers))
-        self.norm_f = RMSNorm(config.d_model, config.norm_eps)
+        self.norm_f = config.norm(config.d_model)
         self.lm_head = None if config.tie_embeddings else Linear(config.d_model, config.vocab_size, bias=False)
         self._inv_freq: dict[tuple[torch.device, bool, bool], torch.Tensor] = {}
 
@@ -228,15 +250,18 @@ class Block(nn.Module):
         super().__init__()
         c = config
         pre, post = c.norms in ("pre", "sandwich"), c.norms in ("post", "sandwich")
-        norm = lambda d: RMSNorm(d, c.norm_eps)  # noqa: E731
+        norm = c.norm
         self.norm1 = norm(c.d_model) if pre else None
-        self.attn = Attention(c.d_model, c.n_heads, c.n_kv_heads, c.head_dim, qkv_bias=c.qkv_bias, o_bias=c.o_bias,
-                              qk_norm=norm if c.qk_norm else None, qk_norm_over=c.qk_norm_over,
-                              window=c.window(layer), rope=c.rope_at(layer), scale=c.attention_scale,
-                              dropout=c.attention_dropout)
+        # the layer's mixer, the one step that mixes positions: attention, or a linear-attention layer
+        self.attn = (GatedDeltaNet(c.d_model, c.linear_attention, c.norm_eps) if c.linear_at(layer) else
+                     Attention(c.d_model, c.n_heads, c.n_kv_heads, c.head_dim, qkv_bias=c.qkv_bias, o_bias=c.o_bias,
+                               qk_norm=norm if c.qk_norm else None, qk_norm_over=c.qk_norm_over,
+                               window=c.window(layer), rope=c.rope_at(layer), scale=c.attention_scale,
+                               gate=c.attention_gate, dropout=c.attention_dropout))
         self.post_attn_norm = norm(c.d_model) if post else None
         self.norm2 = norm(c.d_model) if pre else None
-        self.mlp = (MoE(c.d_model, c.moe_d_ff or c.d_ff, c.n_experts, c.n_experts_used, c.norm_topk_prob)
+        self.mlp = (MoE(c.d_model, c.moe_d_ff or c.d_ff, c.n_experts, c.n_experts_used, c.norm_topk_prob,
+                        c.shared_expert_d_ff)
                     if c.experts_at(layer) else SwiGLU(c.d_model, c.d_ff, c.mlp_bias))
         self.post_mlp_norm = norm(c.d_model) if post else None
         self.residual_multiplier = c.residual_multiplier

@@ -1,9 +1,9 @@
 """The per-layer state generation runs through, so it runs the trace with T = 1.
 
 ``KVCache`` holds one slot per layer, each made by that layer's attention (``make_state``): a
-``LayerKV`` with the layer's own window (mlx-lm's ``make_prompt_cache`` does the same). Later kinds of
-layer bring other slots (a latent cache, a recurrent state, a shared KV); the cache only keeps them in
-order, counts the positions stored and, for a padded batch, which keys are real.
+``LayerKV`` with the layer's own window (mlx-lm's ``make_prompt_cache`` does the same), or for a
+recurrent layer (linear attention, a short convolution) a ``RecurrentState`` of fixed size. The cache
+only keeps them in order, counts the positions stored and, for a padded batch, which keys are real.
 
 A ``LayerKV`` stores (B, n_kv_heads, capacity, head_dim) keys (after RoPE, so a cached key never
 needs rotating again) and values, at most ``max_len`` positions; its storage starts at ``reserve``
@@ -37,6 +37,14 @@ class LayerKV:
     def capacity(self) -> int:
         return self.k.size(2)
 
+    @property
+    def device(self) -> torch.device:
+        return self.k.device
+
+    @property
+    def nbytes(self) -> int:
+        return 2 * self.k.numel() * self.k.element_size()
+
     def store(self, pos: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store the (B, n_kv, T, hd) keys/values of positions pos … pos + T − 1; return those the step's
         queries can see: (B, n_kv, past + T, hd), the new ones last."""
@@ -68,6 +76,30 @@ class LayerKV:
             new = old.new_zeros((*old.shape[:2], capacity, old.size(3)))
             new[:, :, :old.size(2)] = old
             setattr(self, name, new)
+
+
+class RecurrentState:
+    """A recurrent layer's slot: the last ``kernel − 1`` inputs of its short convolution (B, C, kernel − 1),
+    and where it has one, its recurrent state (B, *recurrent), in float32 (a gated delta rule's S per
+    value head: (heads, k_dim, v_dim)). Its size does not depend on how many positions it has seen."""
+
+    offset = 0  # as LayerKV's: it forgets nothing it would still need
+    capacity = 0  # positions it stores
+
+    def __init__(self, batch: int, channels: int, kernel: int, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str = "cpu", recurrent: tuple[int, ...] | None = None) -> None:
+        self.conv = torch.zeros((batch, channels, kernel - 1), dtype=dtype, device=device)
+        self.recurrent = (torch.zeros((batch, *recurrent), dtype=torch.float32, device=device)
+                          if recurrent is not None else None)
+        self.window = None
+
+    @property
+    def device(self) -> torch.device:
+        return self.conv.device
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.conv, self.recurrent) if t is not None)
 
 
 class KVCache:
@@ -122,17 +154,27 @@ class KVCache:
         queries can see: (B, n_kv, past + T, hd), the new ones last (``past`` = what is returned − T).
         Every layer stores each step once, in order; after the last one the cache moves past the step
         (a layer that skipped the cache would otherwise leave it silently behind)."""
+        pos = self.pos
+        return self.slot(layer, k.size(2)).store(pos, k, v)
+
+    def slot(self, layer: int, t: int):
+        """The slot of ``layer`` for a step of ``t`` positions, taken once per step, in order (an attention
+        layer through ``update``, a recurrent layer directly: it updates its state itself)."""
         if layer != self._next_layer:
             raise ValueError(f"KV cache: layer {layer} stored where layer {self._next_layer} was expected "
                              "(every layer stores each step once, in order)")
-        end = self.pos + k.size(2)
+        end = self.pos + t
         if end > self.max_len:
             raise ValueError(f"KV cache holds {self.max_len} positions; {end} were asked for")
-        keys, values = self.layers[layer].store(self.pos, k, v)
         self._next_layer = (layer + 1) % len(self.layers)
         if self._next_layer == 0:
             self.pos = end
-        return keys, values
+        return self.layers[layer]
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes its slots hold now."""
+        return sum(slot.nbytes for slot in self.layers)
 
     def pad_step(self, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Before a step of a padded batch, ``mask`` (B, T) True for real tokens: stores it and returns
@@ -144,7 +186,7 @@ class KVCache:
             if any(slot.offset for slot in self.layers):
                 raise ValueError("KV cache: a padded step after a window let positions go; "
                                  "start a padded batch on a fresh cache")
-            device = self.layers[0].k.device
+            device = self.layers[0].device
             self.mask = torch.ones(b, self.capacity, dtype=torch.bool, device=device)
             self.positions = torch.arange(self.capacity, device=device).expand(b, -1).clone()
             for slot in self.layers:

@@ -49,13 +49,18 @@ class GeGLU(nn.Module):
 class MoE(nn.Module):
     """A sparse MLP: a linear router scores the experts per token; the top ``top_k`` (by softmax
     probability, renormalised to sum to 1 where ``normalize``, as Mixtral; Qwen3-MoE says so in its
-    config) each run their SwiGLU on the token, and their outputs are summed with those weights."""
+    config) each run their SwiGLU on the token, and their outputs are summed with those weights. With
+    ``shared_d_ff`` a shared expert (a SwiGLU of that size) runs on every token too, its output ×
+    sigmoid(shared_gate(x)) (Qwen2-MoE, Qwen3-Next, Qwen3.5-MoE)."""
 
-    def __init__(self, d_model: int, d_ff: int, n_experts: int, top_k: int, normalize: bool = True) -> None:
+    def __init__(self, d_model: int, d_ff: int, n_experts: int, top_k: int, normalize: bool = True,
+                 shared_d_ff: int = 0) -> None:
         super().__init__()
         self.top_k, self.normalize = top_k, normalize
         self.router = Linear(d_model, n_experts, bias=False)
         self.experts = nn.ModuleList(SwiGLU(d_model, d_ff) for _ in range(n_experts))
+        self.shared = SwiGLU(d_model, shared_d_ff) if shared_d_ff else None
+        self.shared_gate = Linear(d_model, 1, bias=False) if shared_d_ff else None
 
     def forward(self, x: torch.Tensor, tap: Tap = no_tap) -> torch.Tensor:
         B, T, d = x.shape
@@ -72,4 +77,6 @@ class MoE(nn.Module):
             token, slot = (chosen == e).nonzero(as_tuple=True)      # the tokens that chose expert e
             if token.numel():
                 out.index_add_(0, token, (expert(x[token]) * weights[token, slot, None]).to(x.dtype))
+        if self.shared is not None:
+            out = out + torch.sigmoid(self.shared_gate(x)) * self.shared(x)  # (N, d): every token
         return out.view(B, T, d)

@@ -1,0 +1,73 @@
+"""Qwen3.5 / 3.6 dense (HF qwen3_5_text, and the text model of the multimodal qwen3_5; GGUF qwen35): a
+hybrid decoder. Three of every four layers are linear attention (a gated delta rule with a recurrent
+state, ``layers/linear_attention.py``), the fourth is full attention whose output is gated by
+sigmoid(gate(x)) (the gate's rows sit beside each head's q rows in q_proj), with RMSNorm on each q and k
+head and RoPE on the first quarter of each head. Every RMSNorm but the linear layers' gated one scales by
+1 + w. The M-RoPE of the multimodal model gives three position streams sections of the frequencies; for
+text all three are the token's position, which is plain RoPE (a test shows it).
+
+The checkpoints ship multi-token-prediction layers (``mtp.*``): a draft head for speculative decoding
+that the next-token trace does not run. They are dropped on purpose by named rows, and the summary
+lists them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..convert.hf_config import ConfigFields
+from ..convert.hf_decoder import (DECODER_HF_STEPS, MLP, NORMS, decoder_config_from_hf, decoder_config_to_hf,
+                                  decoder_hf_keymap, describe_decoder)
+from ..convert.hf_hybrid import (GATED_ATTENTION, GATED_Q, LINEAR_ATTENTION, LINEAR_CONV, MTP, hybrid_from_hf,
+                                 hybrid_to_hf)
+from ..layers.decoder import Llama, LlamaConfig
+from ..layers.linear_attention import DeltaNetShape
+from .base import Family, Preset, Wrapper
+
+PRESETS: dict[str, Preset] = {
+    # Qwen/Qwen3.5-0.8B: 24 layers of 1024 (3 linear : 1 full), 8 query heads and 2 K/V heads of 256 with RoPE
+    # on 64 of them; linear layers of 16 key and 16 value heads of 128; tied
+    "qwen3.5-0.8b": Preset(LlamaConfig(
+        vocab_size=248320, context_length=262144, d_model=1024, n_layers=24, n_heads=8, n_kv_heads=2, d_ff=3584,
+        head_dim=256, norm_eps=1e-6, rope_theta=10000000.0, rope_dim=64, tie_embeddings=True, qk_norm=True,
+        offset_norms=True, attention_gate=True,
+        layer_types=tuple("full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(24)),
+        linear_attention=DeltaNetShape(k_heads=16, v_heads=16, k_dim=128, v_dim=128, conv_kernel=4),
+        eos_token_id=248044, family="qwen3_5"), "Qwen/Qwen3.5-0.8B"),
+}
+
+_HAS = frozenset({"layer_types", "linear attention", "attention output gate", "offset norms", "partial rotary"})
+
+
+def hybrid_config_from_hf(f: ConfigFields, family: str, **specific: Any) -> LlamaConfig:
+    """The fields every Qwen hybrid shares: q/k norms, gated attention, partial rotary, 1 + w norms."""
+    bias = f.bool("attention_bias", False)
+    return decoder_config_from_hf(f, family, {}, qkv_bias=bias, o_bias=bias, qk_norm=True, partial_rotary=True,
+                                  offset_norms=True, attention_gate=True, **hybrid_from_hf(f), **specific)
+
+
+def config_from_hf(data: dict[str, Any], origin: object) -> LlamaConfig:
+    return hybrid_config_from_hf(ConfigFields(data, origin), "qwen3_5")
+
+
+def config_to_hf(c: LlamaConfig) -> dict[str, Any]:
+    return {**decoder_config_to_hf(c, "qwen3_5_text", "Qwen3_5ForCausalLM", biases=(c.qkv_bias, c.qkv_bias, False),
+                                   window=False, qk_norm=True, has=_HAS),
+            **hybrid_to_hf(c)}
+
+
+def hf_keymap(c: LlamaConfig):
+    return decoder_hf_keymap(c, "qwen3_5", NORMS + MLP + GATED_ATTENTION + LINEAR_ATTENTION, [GATED_Q, LINEAR_CONV],
+                             extra=MTP)
+
+
+FAMILY = Family(
+    name="qwen3_5", config_class=LlamaConfig, model_class=Llama, presets=PRESETS,
+    hf_model_types=("qwen3_5_text",), config_from_hf=config_from_hf, config_to_hf=config_to_hf,
+    hf_keymap=hf_keymap,
+    gguf_arch="qwen35", config_from_gguf=None, gguf_keymap=None, gguf_metadata=None,
+    hf_steps=DECODER_HF_STEPS, describe=describe_decoder,
+    gguf_vocab={"pre_tokenizer_first": "qwen2"},
+    wrappers=(Wrapper("qwen3_5", ("qwen3_5_text",), left_out=("model.visual.", "visual."),
+                      left_out_what="the vision tower and its mergers"),),
+)
