@@ -37,8 +37,8 @@ EXPLAIN = {
     "token_embedding": "tok_emb[ids]: one d-vector per token",
     "position_embedding": "+ wpe[0:T]: where each token is (GPT-2 only)",
     "embedding_dropout": "dropout (identity in eval mode)",
-    "block": "x + attn(x), then x + mlp(x), each sublayer normed as the header says; attention is the only "
-             "step mixing positions",
+    "block": "x + mix(x), then x + mlp(x), each sublayer normed as the header says; mix is the only step "
+             "mixing positions: attention, or in the layers the header names a recurrent layer",
     "final_norm": "final norm of the residual stream before the head",
     "logits": "LM head: one score per vocabulary entry at each position",
 }
@@ -50,6 +50,10 @@ EXPLAIN_INSIDE = {
     "chosen_experts": "the experts each token goes to: the top-k router probabilities",
     "post_attention_norm": "norm of the attention output before the residual add",
     "post_feedforward_norm": "norm of the MLP output before the residual add",
+    "attention_gate": "attention's heads × sigmoid(gate(x)), before the output projection",
+    "conv": "linear attention: q, k, v through a short causal convolution (its last inputs kept in the state), SiLU",
+    "linear_attention": "gated delta rule: each value head reads q from its state S, after S ← e^g·S + k ⊗ β(v − Sᵀk)",
+    "gated_norm": "RMSNorm of each head's output × SiLU(z), before the output projection",
 }
 
 

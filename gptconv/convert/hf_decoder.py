@@ -310,6 +310,32 @@ def _experts_gate_up(config: LlamaConfig) -> Fuse:
                 lambda ts, c: torch.stack([torch.cat(ts[k:k + 2], 0) for k in range(0, len(ts), 2)]), shapes)
 
 
+# the router and each expert's SwiGLU, as the files store them (the router is mlp.gate in both layouts)
+EXPERT_ROWS = [("mlp.gate.weight", "mlp.router.weight"),
+        *((f"mlp.experts.{{j}}.{n}_proj.weight", f"mlp.experts.{{j}}.{n}.weight") for n in ("gate", "up", "down"))]
+
+
+
+def experts_from_hf(f: ConfigFields) -> dict[str, Any]:
+    """n_experts, n_experts_used, moe_d_ff, norm_topk_prob and which layers have experts, with
+    transformers' defaults; a layer has experts unless ``mlp_only_layers`` lists it or it is off the
+    ``decoder_sparse_step`` (layer i has experts where (i + 1) % step == 0)."""
+    named = {k: f.positive(k, None) for k in ("num_experts", "num_local_experts")}  # transformers saves the second
+    if None not in named.values() and len(set(named.values())) > 1:
+        raise f.error(f"num_experts {named['num_experts']} and num_local_experts {named['num_local_experts']} differ")
+    n = f.int("num_hidden_layers")
+    step = f.positive("decoder_sparse_step", 1)
+    dense = f.data.get("mlp_only_layers") or []
+    if not isinstance(dense, list) or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < n
+                                              for i in dense):
+        raise f.error(f"mlp_only_layers must list layer numbers from 0 to {n - 1}")
+    return dict(n_experts=named["num_experts"] or named["num_local_experts"] or 128,
+                n_experts_used=f.positive("num_experts_per_tok", 8),
+                moe_d_ff=f.positive("moe_intermediate_size", 768), norm_topk_prob=f.bool("norm_topk_prob", False),
+                moe_layers=tuple(i not in dense and (i + 1) % step == 0 for i in range(n)))
+
+
+
 def fused_experts(config: LlamaConfig) -> list[Rule]:
     """A layer's experts as transformers 5's module holds them (Mixtral, Qwen3-MoE), and saves them with
     save_original_format=False: two 3-D tensors under mlp.experts (the router is the family's own row)."""
@@ -349,6 +375,14 @@ def describe_decoder(cfg: LlamaConfig) -> list[str]:
     lines = [f"position: no position embedding; RoPE (theta = {cfg.rope_theta:g}{scaling}{local}) rotates Q and K "
              f"inside every attention layer; GQA: {cfg.n_heads} query heads share {cfg.n_kv_heads} K/V heads"]
     n = cfg.n_layers
+    linear = [i for i in range(n) if cfg.linear_at(i)]
+    if linear:
+        s = cfg.linear_attention
+        full = [i for i in range(n) if not cfg.linear_at(i)]
+        lines.append(f"mixing positions: attention in layers {', '.join(map(str, full)) or 'none'}; linear attention "
+                     f"(a gated delta rule, no position signal but order) in {len(linear)} layers "
+                     f"({', '.join(map(str, linear))}): each keeps a state of {s.v_heads} heads × {s.k_dim} × {s.v_dim} "
+                     f"and a {s.conv_kernel}-tap convolution, the same size at any length")
     sliding = sum(cfg.window(i) is not None for i in range(n))
     nope = [i for i in range(n) if not cfg.rope_at(i)]
     extras = []
@@ -376,5 +410,10 @@ def describe_decoder(cfg: LlamaConfig) -> list[str]:
         dense = n - sum(cfg.experts_at(i) for i in range(n))
         extras.append(f"MLP: {cfg.n_experts_used} of {cfg.n_experts} experts per token"
                       + ("" if cfg.norm_topk_prob else " (weights not renormalised)")
-                      + (f"; {dense} dense layers" if dense else ""))
+                      + (f"; {dense} dense layers" if dense else "")
+                      + (f"; a shared expert of {cfg.shared_expert_d_ff} on every token" if cfg.shared_expert_d_ff else ""))
+    if cfg.attention_gate:
+        extras.append("attention's output × sigmoid(gate(x)) before its projection")
+    if cfg.offset_norms:
+        extras.append("RMSNorms scale by 1 + w")
     return lines + (["also: " + "; ".join(extras)] if extras else [])

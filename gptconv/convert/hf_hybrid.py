@@ -13,6 +13,7 @@ import torch
 from ..layers.decoder import FULL, LINEAR, LlamaConfig
 from ..layers.linear_attention import DeltaNetShape
 from .hf_config import ConfigFields
+from .hf_decoder import decoder_config_from_hf
 from .keymap import Drop, Fuse, Fused, Map, Transform
 
 # the depthwise convolution's weight: HF's nn.Conv1d holds (C, 1, kernel), ours (C, kernel)
@@ -111,6 +112,13 @@ def hybrid_from_hf(f: ConfigFields) -> dict[str, Any]:
     except ValueError as e:
         raise f.error(str(e)) from None
     return dict(layer_types=tuple(types), linear_attention=shape if LINEAR in types else None)
+
+
+def hybrid_config_from_hf(f: ConfigFields, family: str, **specific: Any) -> LlamaConfig:
+    """The fields every Qwen hybrid shares: q/k norms, gated attention, partial rotary, 1 + w norms."""
+    bias = f.bool("attention_bias", False)
+    return decoder_config_from_hf(f, family, {}, qkv_bias=bias, o_bias=bias, qk_norm=True, partial_rotary=True,
+                                  offset_norms=True, attention_gate=True, **hybrid_from_hf(f), **specific)
 
 
 def hybrid_to_hf(c: LlamaConfig) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..errors import GptconvError, where
 from . import (ernie4_5, exaone4, gemma2, gemma3, gpt2, granite, llama, mistral, mixtral, olmo2, phi3, qwen2, qwen3,
-               qwen3_5, qwen3_moe, smollm3)
+               qwen3_5, qwen3_5_moe, qwen3_moe, qwen3_next, smollm3)
 from .base import Family, Preset, Wrapper
 
 FAMILIES: tuple[Family, ...] = (
@@ -31,6 +31,8 @@ FAMILIES: tuple[Family, ...] = (
     ernie4_5.FAMILY,
     qwen3_moe.FAMILY,
     qwen3_5.FAMILY,
+    qwen3_5_moe.FAMILY,
+    qwen3_next.FAMILY,
     granite.FAMILY,
     smollm3.FAMILY,
 )

@@ -16,9 +16,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..convert.hf_config import ConfigFields
-from ..convert.hf_decoder import (DECODER_HF_STEPS, MLP, NORMS, decoder_config_from_hf, decoder_config_to_hf,
-                                  decoder_hf_keymap, describe_decoder)
-from ..convert.hf_hybrid import (GATED_ATTENTION, GATED_Q, LINEAR_ATTENTION, LINEAR_CONV, MTP, hybrid_from_hf,
+from ..convert.hf_decoder import DECODER_HF_STEPS, MLP, NORMS, decoder_config_to_hf, decoder_hf_keymap, describe_decoder
+from ..convert.hf_hybrid import (GATED_ATTENTION, GATED_Q, LINEAR_ATTENTION, LINEAR_CONV, MTP, hybrid_config_from_hf,
                                  hybrid_to_hf)
 from ..layers.decoder import Llama, LlamaConfig
 from ..layers.linear_attention import DeltaNetShape
@@ -37,13 +36,6 @@ PRESETS: dict[str, Preset] = {
 }
 
 _HAS = frozenset({"layer_types", "linear attention", "attention output gate", "offset norms", "partial rotary"})
-
-
-def hybrid_config_from_hf(f: ConfigFields, family: str, **specific: Any) -> LlamaConfig:
-    """The fields every Qwen hybrid shares: q/k norms, gated attention, partial rotary, 1 + w norms."""
-    bias = f.bool("attention_bias", False)
-    return decoder_config_from_hf(f, family, {}, qkv_bias=bias, o_bias=bias, qk_norm=True, partial_rotary=True,
-                                  offset_norms=True, attention_gate=True, **hybrid_from_hf(f), **specific)
 
 
 def config_from_hf(data: dict[str, Any], origin: object) -> LlamaConfig:

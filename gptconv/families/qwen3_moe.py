@@ -21,8 +21,9 @@ from ..convert.gguf_decoder import (EXPERTS, QK_NORM as GGUF_QK_NORM, add_decode
                                     add_linear_scaling, add_window, decoder_config_from_gguf, decoder_gguf_keymap,
                                     experts_of, standard_layer)
 from ..convert.hf_config import ConfigFields
-from ..convert.hf_decoder import (ATTENTION, DECODER_HF_STEPS, MLP, NORMS, QK_NORM, decoder_config_from_hf,
-                                  decoder_config_to_hf, decoder_hf_keymap, describe_decoder, fused_experts, no_window)
+from ..convert.hf_decoder import (ATTENTION, DECODER_HF_STEPS, EXPERT_ROWS, MLP, NORMS, QK_NORM,
+                                  decoder_config_from_hf, decoder_config_to_hf, decoder_hf_keymap, describe_decoder,
+                                  experts_from_hf, fused_experts, no_window)
 from ..convert.keymap import KeyMap
 from ..errors import where
 from ..layers.decoder import Llama, LlamaConfig
@@ -40,25 +41,6 @@ PRESETS: dict[str, Preset] = {
 _HAS = frozenset({"unnormalised expert weights", "expert size", "dense layers among experts"})
 
 
-def _experts(f: ConfigFields) -> dict[str, Any]:
-    """n_experts, n_experts_used, moe_d_ff, norm_topk_prob and which layers have experts, with
-    transformers' defaults; a layer has experts unless ``mlp_only_layers`` lists it or it is off the
-    ``decoder_sparse_step`` (layer i has experts where (i + 1) % step == 0)."""
-    named = {k: f.positive(k, None) for k in ("num_experts", "num_local_experts")}  # transformers saves the second
-    if None not in named.values() and len(set(named.values())) > 1:
-        raise f.error(f"num_experts {named['num_experts']} and num_local_experts {named['num_local_experts']} differ")
-    n = f.int("num_hidden_layers")
-    step = f.positive("decoder_sparse_step", 1)
-    dense = f.data.get("mlp_only_layers") or []
-    if not isinstance(dense, list) or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < n
-                                              for i in dense):
-        raise f.error(f"mlp_only_layers must list layer numbers from 0 to {n - 1}")
-    return dict(n_experts=named["num_experts"] or named["num_local_experts"] or 128,
-                n_experts_used=f.positive("num_experts_per_tok", 8),
-                moe_d_ff=f.positive("moe_intermediate_size", 768), norm_topk_prob=f.bool("norm_topk_prob", False),
-                moe_layers=tuple(i not in dense and (i + 1) % step == 0 for i in range(n)))
-
-
 def config_from_hf(data: dict[str, Any], origin: object) -> LlamaConfig:
     f = ConfigFields(data, origin)
     bias = f.bool("attention_bias", False)
@@ -68,7 +50,7 @@ def config_from_hf(data: dict[str, Any], origin: object) -> LlamaConfig:
         no_window(f)
         window = None
     return decoder_config_from_hf(f, "qwen3_moe", {}, qkv_bias=bias, o_bias=bias, qk_norm=True,
-                                  sliding_window=window, **_experts(f))
+                                  sliding_window=window, **experts_from_hf(f))
 
 
 def config_to_hf(c: LlamaConfig) -> dict[str, Any]:
@@ -81,15 +63,10 @@ def config_to_hf(c: LlamaConfig) -> dict[str, Any]:
     return out
 
 
-# the router and each expert's SwiGLU, as the files store them (the router is mlp.gate in both layouts)
-_MOE = [("mlp.gate.weight", "mlp.router.weight"),
-        *((f"mlp.experts.{{j}}.{n}_proj.weight", f"mlp.experts.{{j}}.{n}.weight") for n in ("gate", "up", "down"))]
-
-
 def hf_keymap(c: LlamaConfig, module: bool = False) -> KeyMap:
     """Both layouts of the experts, and the dense layers' MLP; ``module``: the module's layout first, so
     that the inverse gives what ``Qwen3MoeForCausalLM.load_state_dict`` takes."""
-    return decoder_hf_keymap(c, "qwen3_moe", NORMS + ATTENTION + QK_NORM + MLP + _MOE, fused_experts(c),
+    return decoder_hf_keymap(c, "qwen3_moe", NORMS + ATTENTION + QK_NORM + MLP + EXPERT_ROWS, fused_experts(c),
                              fused_first=module)
 
 

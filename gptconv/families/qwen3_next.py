@@ -1,0 +1,75 @@
+"""Qwen3-Next (HF qwen3_next; GGUF qwen3next): the hybrid decoder of Qwen3.5 (``families/qwen3_5.py``:
+three linear-attention layers to one gated full-attention layer) with routed experts and a shared
+expert in every MLP: a router picks ``num_experts_per_tok`` of ``num_experts`` SwiGLU experts per token
+(weights renormalised where ``norm_topk_prob``), and a shared SwiGLU runs on every token, × sigmoid of
+its own gate. Layers in ``mlp_only_layers`` or off the ``decoder_sparse_step`` keep a dense SwiGLU.
+
+Its files store the linear layers' projections grouped by key head (``in_proj_qkvz``: per key head its q,
+k, v and z rows; ``in_proj_ba``: its b and a rows); Qwen3.5 later split them into in_proj_qkv, in_proj_z,
+in_proj_b and in_proj_a, which is how our model holds them. The multi-token-prediction layers (``mtp.*``)
+are dropped by name.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..convert.hf_config import ConfigFields
+from ..convert.hf_decoder import (DECODER_HF_STEPS, EXPERT_ROWS, MLP, NORMS, decoder_config_to_hf, decoder_hf_keymap,
+                                  describe_decoder, experts_from_hf, fused_experts)
+from ..convert.hf_hybrid import (GATED_ATTENTION, GATED_Q, LINEAR_ATTENTION, LINEAR_CONV, MTP, QWEN3_NEXT_LINEAR,
+                                 SHARED_EXPERT, hybrid_config_from_hf, hybrid_to_hf)
+from ..convert.keymap import KeyMap
+from ..layers.decoder import FULL, LINEAR, Llama, LlamaConfig
+from ..layers.linear_attention import DeltaNetShape
+from .base import Family, Preset
+
+PRESETS: dict[str, Preset] = {
+    # Qwen/Qwen3-Next-80B-A3B-Instruct: 48 layers of 2048 (3 linear : 1 full), 16 query and 2 K/V heads of 256
+    # (RoPE on 64), linear layers of 16 key and 32 value heads of 128; 512 experts of 512, 10 per token, and a
+    # shared expert of 512
+    "qwen3-next-80b-a3b": Preset(LlamaConfig(
+        vocab_size=151936, context_length=262144, d_model=2048, n_layers=48, n_heads=16, n_kv_heads=2, d_ff=5120,
+        head_dim=256, norm_eps=1e-6, rope_theta=10000000.0, rope_dim=64, qk_norm=True, offset_norms=True,
+        attention_gate=True, layer_types=tuple(FULL if (i + 1) % 4 == 0 else LINEAR for i in range(48)),
+        linear_attention=DeltaNetShape(k_heads=16, v_heads=32, k_dim=128, v_dim=128, conv_kernel=4),
+        n_experts=512, n_experts_used=10, moe_d_ff=512, shared_expert_d_ff=512, norm_topk_prob=True,
+        bos_token_id=151643, eos_token_id=151645, family="qwen3_next"), "Qwen/Qwen3-Next-80B-A3B-Instruct"),
+}
+
+HAS = frozenset({"layer_types", "linear attention", "attention output gate", "offset norms", "partial rotary",
+                 "shared expert", "expert size"})
+
+
+def config_from_hf(data: dict[str, Any], origin: object) -> LlamaConfig:
+    f = ConfigFields(data, origin)
+    return hybrid_config_from_hf(f, "qwen3_next", shared_expert_d_ff=f.positive("shared_expert_intermediate_size", 512),
+                                 **experts_from_hf(f))
+
+
+def config_to_hf(c: LlamaConfig) -> dict[str, Any]:
+    out = decoder_config_to_hf(c, "qwen3_next", "Qwen3NextForCausalLM", biases=(c.qkv_bias, c.qkv_bias, False),
+                               window=False, qk_norm=True, experts=True,
+                               has=HAS | {"unnormalised expert weights", "dense layers among experts"})
+    out.update(num_experts=c.n_experts, num_experts_per_tok=c.n_experts_used, moe_intermediate_size=c.moe_d_ff or c.d_ff,
+               shared_expert_intermediate_size=c.shared_expert_d_ff, norm_topk_prob=c.norm_topk_prob,
+               decoder_sparse_step=1, mlp_only_layers=[i for i in range(c.n_layers) if not c.experts_at(i)])
+    return {**out, **hybrid_to_hf(c)}
+
+
+def hf_keymap(c: LlamaConfig, module: bool = False) -> KeyMap:
+    """The linear layers in Qwen3-Next's grouped layout (and Qwen3.5's, which transformers' module does not
+    use but a converted file may); the experts in both layouts (``module``: the module's first)."""
+    rows = NORMS + MLP + GATED_ATTENTION + LINEAR_ATTENTION + EXPERT_ROWS + SHARED_EXPERT
+    return decoder_hf_keymap(c, "qwen3_next", rows, [GATED_Q, LINEAR_CONV, *QWEN3_NEXT_LINEAR, *fused_experts(c)],
+                             fused_first=module, extra=MTP)
+
+
+FAMILY = Family(
+    name="qwen3_next", config_class=LlamaConfig, model_class=Llama, presets=PRESETS,
+    hf_model_types=("qwen3_next",), config_from_hf=config_from_hf, config_to_hf=config_to_hf,
+    hf_keymap=hf_keymap, hf_module_keymap=lambda c: hf_keymap(c, module=True),
+    gguf_arch="qwen3next", config_from_gguf=None, gguf_keymap=None, gguf_metadata=None,
+    hf_steps=DECODER_HF_STEPS, describe=describe_decoder,
+    gguf_vocab={"pre_tokenizer_first": "qwen2"},
+)
