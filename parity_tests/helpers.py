@@ -9,9 +9,10 @@ from pathlib import Path
 import torch
 
 
-def hf_model(folder: Path):
+def hf_model(folder: Path, dtype: torch.dtype = torch.float32):
     from transformers import AutoModelForCausalLM
-    return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager").eval()
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="eager",
+                                                experts_implementation="eager").eval()
 
 
 def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -94,3 +95,19 @@ def assert_generation_matches(folder, n_max: int = 120) -> None:
     out = hf_model(folder).generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False,
                                     pad_token_id=0, eos_token_id=None)
     assert cached == out[0, len(prompt):].tolist()
+
+
+def assert_fused_experts_read_alike(folder: Path, out: Path) -> None:
+    """``folder``'s model saved by transformers in its module's layout (each layer's experts as gate_up_proj
+    and down_proj, as save_original_format=False and the released MoE files store them) loads as the same
+    model."""
+    import gptconv
+    from safetensors import safe_open
+    hf_model(folder).save_pretrained(out, save_original_format=False)
+    for f in folder.iterdir():
+        if f.name.startswith("tokenizer"):
+            (out / f.name).write_bytes(f.read_bytes())
+    with safe_open(out / "model.safetensors", "pt") as s:
+        assert "model.layers.0.mlp.experts.gate_up_proj" in s.keys()
+    a, b = gptconv.load(out).state_dict(), gptconv.load(folder).state_dict()
+    assert a.keys() == b.keys() and all(a[k].equal(b[k]) for k in a)

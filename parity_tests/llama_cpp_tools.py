@@ -40,10 +40,11 @@ def vocab_cases(name: str) -> list[tuple[str, list[int]]]:
     return [(t, [int(x) for x in line.split()]) for t, line in zip(texts, lines)]
 
 
-def convert(folder: Path, out: Path, outtype: str = "f32") -> Path:
-    """llama.cpp's converter on an HF folder, in its own process with its own gguf-py."""
+def convert(folder: Path, out: Path, outtype: str = "f32", options: tuple[str, ...] = ()) -> Path:
+    """llama.cpp's converter on an HF folder, in its own process with its own gguf-py; ``options``: more of
+    its flags (``--no-mtp``: without the multi-token-prediction layers, which it otherwise requires)."""
     r = subprocess.run([sys.executable, str(source() / "convert_hf_to_gguf.py"), str(folder), "--outfile", str(out),
-                        "--outtype", outtype], capture_output=True, text=True, timeout=600)
+                        "--outtype", outtype, *options], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     return out
 

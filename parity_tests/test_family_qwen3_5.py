@@ -1,5 +1,6 @@
 """Qwen3.5 dense (qwen3_5_text): three linear-attention layers (a gated delta rule: 2 key heads, 4 value heads,
-so the value heads share keys) and one gated full-attention layer with partial rotary (8 of 32) and q/k
+so the value heads share keys; value heads as wide as key heads, as llama.cpp needs: ``test_linear_attention.py``
+compares wider ones with transformers) and one gated full-attention layer with partial rotary (8 of 32) and q/k
 norms, every RMSNorm scaling by 1 + w. ``family_battery.py`` runs the checks every family passes; the
 checkpoint's context (160) is past two chunks (64) of the rule's prompt form."""
 
@@ -16,12 +17,16 @@ from gptconv.layers import linear_attention
 from gptconv.models import build_empty
 
 ARCH = "qwen3_5_text"
-VOCAB = "qwen2"  # Qwen3.5's own has 248,320 tokens; llama.cpp's converter reads Qwen2's pre-tokenizer as its
-SHAPE = dict(vocab_size=151936, max_position_embeddings=160, hidden_size=64, num_hidden_layers=4,
+VOCAB = "gpt-2"  # Qwen3.5's own has 248,320 tokens; llama.cpp's converter reads GPT-2's as BPE
+SHAPE = dict(vocab_size=50257, max_position_embeddings=160, hidden_size=64, num_hidden_layers=4,
              num_attention_heads=4, num_key_value_heads=2, head_dim=32, intermediate_size=96,
-             linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=24,
-             linear_conv_kernel_dim=4, rope_theta=10000000.0, tie_word_embeddings=True, bos_token_id=151643,
-             eos_token_id=151645)
+             linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+             linear_conv_kernel_dim=4, rope_theta=10000000.0, tie_word_embeddings=True, bos_token_id=50256,
+             eos_token_id=50256)
+GENERATION_LENGTH = 70  # a 6-token prompt and 64 new tokens: well past a chunk
+FLOAT64_BOUND = True  # the recurrent state carries rounding along 160 positions
+CONVERTER_OPTIONS = ("--no-mtp",)  # transformers saves no MTP layers, which llama.cpp's converter otherwise requires
+ROUNDED_IN_GGUF = {"attn.A_log": torch.exp}  # GGUF holds −exp(A_log): read back through log
 STEPS = ["block.0.linear_attention", "block.0.gated_norm", "block.3.attention_gate",
          "linear attention (a gated delta rule, no position signal but order) in 3 layers (0, 1, 2)",
          "mixing positions: attention in layers 3"]

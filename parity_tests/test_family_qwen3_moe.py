@@ -56,17 +56,8 @@ def test_llama_cpps_qwen3moe_has_no_place_for_dense_layers_unnormalised_weights_
 def test_the_experts_saved_fused_are_read_alike(ckpt, tmp_path):
     """transformers 5's module layout (gate_up_proj, down_proj per layer), as save_original_format=False
     writes it: the same model."""
-    from helpers import hf_model
-    folder = tmp_path / "fused"
-    hf_model(ckpt).save_pretrained(folder, save_original_format=False)
-    for f in ckpt.iterdir():
-        if f.name.startswith("tokenizer"):
-            (folder / f.name).write_bytes(f.read_bytes())
-    from safetensors import safe_open
-    with safe_open(folder / "model.safetensors", "pt") as s:
-        assert "model.layers.0.mlp.experts.gate_up_proj" in s.keys()
-    a, b = gptconv.load(folder).state_dict(), gptconv.load(ckpt).state_dict()
-    assert a.keys() == b.keys() and all(a[k].equal(b[k]) for k in a)
+    from helpers import assert_fused_experts_read_alike
+    assert_fused_experts_read_alike(ckpt, tmp_path / "fused")
 
 
 def test_renormalised_weights_fail_verify_at_the_first_expert_layer(ckpt, monkeypatch):

@@ -48,7 +48,7 @@ def test_equals_llama_cpps_quantizer_by_hand_and_runs(wide_families, tmp_path, m
     assert len(why) == len(summary.tensor_choices) == sum(summary.tensor_types.values())
     assert why["blk.0.attn_norm.weight"] == ("F32", "1-D (a norm or bias): kept F32")
     if name == "mixtral":
-        assert why["blk.0.ffn_gate_inp.weight"] == ("F32", "llama.cpp keeps it unquantized (a router or learned positions)")
+        assert why["blk.0.ffn_gate_inp.weight"] == ("F32", "llama.cpp keeps it unquantized (a router, learned positions or a convolution's filter)")
     if dtype == "q4_k_m":  # every row is 256 wide: the head and some attn_v get more bits (layer 1 of 2 here)
         assert why["blk.0.attn_q.weight"] == ("Q4_K", "q4_k_m's type")
         assert why["output.weight" if "output.weight" in why else "token_embd.weight"][1].endswith("more bits")

@@ -23,7 +23,8 @@ from ..layers.rope import RopeScaling
 from .gguf_meta import T, gguf_config, gguf_name
 from .hf_config import ConfigFields, build_config
 from .hf_decoder import rope_from_hf
-from .keymap import KeyMap, Map, TensorInfo, Tied, Transform
+from .gguf_decoder import NORM_PLUS_ONE
+from .keymap import KeyMap, Map, TensorInfo, Tied
 
 GELU_TANH = "gelu_pytorch_tanh"
 LLAMA_CPP_SOFTCAPS = (50.0, 30.0)  # llama.cpp's (attention, final) caps where a file that caps says none
@@ -212,10 +213,6 @@ def gemma_hf_steps(fmt: GemmaFormat) -> dict[str, str]:
 # ---------------------------------------------------------------------------------------------------
 # GGUF (llama.cpp)
 
-# llama.cpp's converter writes every Gemma norm weight w as 1 + w. Exact both ways for a weight whose
-# 1 + w is a float32 (every bfloat16 weight of the released checkpoints); a float32 weight with more
-# bits than 1 + w can hold loses them at export, as in llama.cpp's converter.
-NORM_PLUS_ONE = Transform("norm_plus_one", lambda t, c: t - 1.0, lambda t, c: t + 1.0)
 
 _GGUF_LAYER = [  # (llama.cpp's tensor, ours under blocks.{i}, transform)
     (T.ATTN_NORM, "norm1", NORM_PLUS_ONE), (T.ATTN_POST_NORM, "post_attn_norm", NORM_PLUS_ONE),

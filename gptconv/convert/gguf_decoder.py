@@ -38,7 +38,7 @@ def decoder_config_from_gguf(f: Any, tensors: dict[str, TensorInfo], family: str
     return gguf_config(
         LlamaConfig, f, tensors,
         n_kv_heads=f.get(Keys.Attention.HEAD_COUNT_KV, int, heads),
-        d_ff=f.get(Keys.LLM.FEED_FORWARD_LENGTH, int),
+        d_ff=specific.pop("d_ff", None) or f.get(Keys.LLM.FEED_FORWARD_LENGTH, int),  # a family may know it otherwise
         head_dim=head_dim,
         norm_eps=f.get(Keys.Attention.LAYERNORM_RMS_EPS, float),
         rope_theta=f.get(Keys.Rope.FREQ_BASE, float, 10000.0),
@@ -168,6 +168,11 @@ def standard_layer(permuted: bool, mlp: bool = True) -> list[Rule]:
             for src, dst, t in rows for p in ("weight", "bias")]
 
 
+# llama.cpp's converter writes a norm weight w that scales by 1 + w (Gemma's, the Qwen hybrids') as 1 + w. Exact
+# both ways for a weight whose 1 + w is a float32 (every bfloat16 weight of the released checkpoints); a
+# float32 weight with more bits than 1 + w can hold loses them at export, as in llama.cpp's converter.
+NORM_PLUS_ONE = Transform("norm_plus_one", lambda t, c: t - 1.0, lambda t, c: t + 1.0)
+
 POST_NORMS = [Map(gguf_name(T.ATTN_POST_NORM), "blocks.{i}.post_attn_norm.weight"),
               Map(gguf_name(T.FFN_POST_NORM), "blocks.{i}.post_mlp_norm.weight")]
 
@@ -192,11 +197,12 @@ def decoder_gguf_keymap(config: LlamaConfig, arch: str, layer: list[Rule]) -> Ke
 
 
 def add_decoder_hparams(w: Any, cfg: LlamaConfig, *, vocab_size: bool = False, rope_dims: bool = False,
-                        original_context: bool = False, has: frozenset[str] = frozenset(), arch: str = "") -> None:
+                        original_context: bool = False, has: frozenset[str] = frozenset(), arch: str = "",
+                        feed_forward: bool = True) -> None:
     """The hyperparameters llama.cpp's converter writes for every architecture of the decoder, in its
     order (a family adds its own after them: window, key length, scaling), no more, so that the two files'
     metadata can be compared key by key. ``vocab_size``, ``rope_dims``, ``original_context``: keys only some
-    architectures get. ``has``: the features (``LlamaConfig.features``) llama.cpp's ``arch`` runs, which the
+    architectures get; ``feed_forward``: the dense MLP's size, absent where a config has none. ``has``: the features (``LlamaConfig.features``) llama.cpp's ``arch`` runs, which the
     family writes; a config with another is refused."""
     missing = cfg.features() - has - {"layer_types"}  # windows: add_window
     if missing:
@@ -208,7 +214,8 @@ def add_decoder_hparams(w: Any, cfg: LlamaConfig, *, vocab_size: bool = False, r
         w.add_rope_scaling_orig_ctx_len(s.original_context_length if s is not None and s.kind == "longrope"
                                         else cfg.context_length)
     w.add_embedding_length(cfg.d_model)
-    w.add_feed_forward_length(cfg.d_ff)
+    if feed_forward:
+        w.add_feed_forward_length(cfg.d_ff)
     w.add_block_count(cfg.n_layers)
     w.add_head_count(cfg.n_heads)
     if vocab_size:

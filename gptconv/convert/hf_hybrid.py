@@ -31,7 +31,7 @@ SHARED_EXPERT = [*((f"mlp.shared_expert.{n}_proj.weight", f"mlp.shared.{n}.weigh
                  ("mlp.shared_expert_gate.weight", "mlp.shared_gate.weight")]
 
 
-def _per_head(name: str, sizes: Any) -> Fuse:
+def per_head(name: str, sizes: Any) -> Fuse:
     """A source tensor holding, per group of rows, parts of the sizes ``sizes(config)`` (one per target) side
     by side: ``groups`` repeats of [part 0, part 1, …]; our targets hold each part's rows of every group."""
     def split(t: torch.Tensor, c: LlamaConfig) -> list[torch.Tensor]:
@@ -55,7 +55,7 @@ def _per_head(name: str, sizes: Any) -> Fuse:
 # the gated attention's q projection: per head, its q rows then its gate rows (transformers' Qwen3-Next and
 # Qwen3.5 split each head's 2 · head_dim outputs in half)
 GATED_Q = Fused("model.layers.{i}.self_attn.q_proj.weight", ["blocks.{i}.attn.q.weight", "blocks.{i}.attn.gate.weight"],
-                _per_head("q and gate per head", lambda c: (c.n_heads, [c.head_dim, c.head_dim])))
+                per_head("q and gate per head", lambda c: (c.n_heads, [c.head_dim, c.head_dim])))
 
 
 def _qkvz(c: LlamaConfig) -> tuple[int, list[int]]:
@@ -65,7 +65,7 @@ def _qkvz(c: LlamaConfig) -> tuple[int, list[int]]:
 
 
 def _split_qkvz(t: torch.Tensor, c: LlamaConfig) -> list[torch.Tensor]:
-    q, k, v, z = _per_head("", _qkvz).split(t, c)
+    q, k, v, z = per_head("", _qkvz).split(t, c)
     return [torch.cat([q, k, v]), z]
 
 
@@ -73,7 +73,7 @@ def _join_qkvz(parts: list[torch.Tensor], c: LlamaConfig) -> torch.Tensor:
     s = c.linear_attention
     qkv, z = parts
     q, k, v = qkv.split([s.k_heads * s.k_dim, s.k_heads * s.k_dim, s.v_heads * s.v_dim])
-    return _per_head("", _qkvz).join([q, k, v, z], c)
+    return per_head("", _qkvz).join([q, k, v, z], c)
 
 
 def _shapes_qkvz(s: tuple[int, ...], c: LlamaConfig) -> list[tuple[int, ...]]:
@@ -89,7 +89,7 @@ QWEN3_NEXT_LINEAR = [
                                                                "blocks.{i}.attn.in_z.weight"],
           Fuse("q, k, v, z per key head", _split_qkvz, _join_qkvz, _shapes_qkvz)),
     Fused("model.layers.{i}.linear_attn.in_proj_ba.weight", ["blocks.{i}.attn.in_b.weight", "blocks.{i}.attn.in_a.weight"],
-          _per_head("b, a per key head", lambda c: (c.linear_attention.k_heads,
+          per_head("b, a per key head", lambda c: (c.linear_attention.k_heads,
                                                     [c.linear_attention.v_heads // c.linear_attention.k_heads] * 2))),
 ]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from functools import partial
 
-from ..convert.gemma import NORM_PLUS_ONE  # noqa: F401 — its tests' name for it
+from ..convert.gguf_decoder import NORM_PLUS_ONE  # noqa: F401 — its tests' name for it
 from ..convert.gemma import (GemmaFormat, describe_gemma, gemma_config_from_gguf, gemma_config_from_hf,
                              gemma_config_to_hf, gemma_gguf_keymap, gemma_gguf_metadata, gemma_hf_keymap,
                              gemma_hf_steps)

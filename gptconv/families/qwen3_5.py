@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..convert.gguf_hybrid import MROPE_SECTIONS, add_hybrid_hparams, hybrid_config_from_gguf, hybrid_gguf_keymap
 from ..convert.hf_config import ConfigFields
 from ..convert.hf_decoder import DECODER_HF_STEPS, MLP, NORMS, decoder_config_to_hf, decoder_hf_keymap, describe_decoder
 from ..convert.hf_hybrid import (GATED_ATTENTION, GATED_Q, LINEAR_ATTENTION, LINEAR_CONV, MTP, hybrid_config_from_hf,
@@ -53,11 +54,17 @@ def hf_keymap(c: LlamaConfig):
                              extra=MTP)
 
 
+def gguf_metadata(w: Any, c: LlamaConfig) -> None:
+    add_hybrid_hparams(w, c, "qwen35", has=_HAS)
+    w.add_rope_dimension_sections(MROPE_SECTIONS)
+
+
 FAMILY = Family(
     name="qwen3_5", config_class=LlamaConfig, model_class=Llama, presets=PRESETS,
     hf_model_types=("qwen3_5_text",), config_from_hf=config_from_hf, config_to_hf=config_to_hf,
     hf_keymap=hf_keymap,
-    gguf_arch="qwen35", config_from_gguf=None, gguf_keymap=None, gguf_metadata=None,
+    gguf_arch="qwen35", config_from_gguf=lambda f, tensors: hybrid_config_from_gguf(f, tensors, "qwen3_5"),
+    gguf_keymap=lambda c: hybrid_gguf_keymap(c, "qwen35", tiled=True), gguf_metadata=gguf_metadata,
     hf_steps=DECODER_HF_STEPS, describe=describe_decoder,
     gguf_vocab={"pre_tokenizer_first": "qwen2"},
     wrappers=(Wrapper("qwen3_5", ("qwen3_5_text",), left_out=("model.visual.", "visual."),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..convert.gguf_hybrid import MROPE_SECTIONS, add_hybrid_hparams, hybrid_config_from_gguf, hybrid_gguf_keymap
 from ..convert.hf_config import ConfigFields
 from ..convert.hf_decoder import (DECODER_HF_STEPS, EXPERT_ROWS, NORMS, decoder_config_to_hf, decoder_hf_keymap,
                                   describe_decoder, fused_experts)
@@ -56,11 +57,25 @@ def hf_keymap(c: LlamaConfig, module: bool = False) -> KeyMap:
                              [GATED_Q, LINEAR_CONV, *fused_experts(c)], fused_first=module, extra=MTP)
 
 
+def config_from_gguf(f: Any, tensors: dict) -> LlamaConfig:
+    """The experts' size is the MLP's: the file has no dense one (no feed_forward_length)."""
+    from gguf import Keys
+    size = f.get(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, int)
+    return hybrid_config_from_gguf(f, tensors, "qwen3_5_moe", d_ff=size, norm_topk_prob=True,
+                                   shared_expert_d_ff=f.get(Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH, int))
+
+
+def gguf_metadata(w: Any, c: LlamaConfig) -> None:
+    add_hybrid_hparams(w, c, "qwen35moe", has=HAS, feed_forward=False)
+    w.add_rope_dimension_sections(MROPE_SECTIONS)
+
+
 FAMILY = Family(
     name="qwen3_5_moe", config_class=LlamaConfig, model_class=Llama, presets=PRESETS,
     hf_model_types=("qwen3_5_moe_text",), config_from_hf=config_from_hf, config_to_hf=config_to_hf,
     hf_keymap=hf_keymap, hf_module_keymap=lambda c: hf_keymap(c, module=True),
-    gguf_arch="qwen35moe", config_from_gguf=None, gguf_keymap=None, gguf_metadata=None,
+    gguf_arch="qwen35moe", config_from_gguf=config_from_gguf,
+    gguf_keymap=lambda c: hybrid_gguf_keymap(c, "qwen35moe", tiled=True), gguf_metadata=gguf_metadata,
     hf_steps=DECODER_HF_STEPS, describe=describe_decoder,
     gguf_vocab={"pre_tokenizer_first": "qwen2"},
     wrappers=(Wrapper("qwen3_5_moe", ("qwen3_5_moe_text",), left_out=("model.visual.", "visual."),

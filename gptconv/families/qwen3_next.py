@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..convert.gguf_hybrid import add_hybrid_hparams, hybrid_config_from_gguf, hybrid_gguf_keymap
 from ..convert.hf_config import ConfigFields
 from ..convert.hf_decoder import (DECODER_HF_STEPS, EXPERT_ROWS, MLP, NORMS, decoder_config_to_hf, decoder_hf_keymap,
                                   describe_decoder, experts_from_hf, fused_experts)
@@ -58,18 +59,29 @@ def config_to_hf(c: LlamaConfig) -> dict[str, Any]:
 
 
 def hf_keymap(c: LlamaConfig, module: bool = False) -> KeyMap:
-    """The linear layers in Qwen3-Next's grouped layout (and Qwen3.5's, which transformers' module does not
-    use but a converted file may); the experts in both layouts (``module``: the module's first)."""
-    rows = NORMS + MLP + GATED_ATTENTION + LINEAR_ATTENTION + EXPERT_ROWS + SHARED_EXPERT
+    """The linear layers' projections in Qwen3-Next's grouped layout (transformers' Qwen3Next has no other);
+    the experts in both layouts (``module``: the module's first)."""
+    rows = NORMS + MLP + GATED_ATTENTION + [r for r in LINEAR_ATTENTION if not r[0].startswith("linear_attn.in_proj")] \
+        + EXPERT_ROWS + SHARED_EXPERT
     return decoder_hf_keymap(c, "qwen3_next", rows, [GATED_Q, LINEAR_CONV, *QWEN3_NEXT_LINEAR, *fused_experts(c)],
                              fused_first=module, extra=MTP)
+
+
+def config_from_gguf(f: Any, tensors: dict) -> LlamaConfig:
+    """llama.cpp's qwen3next: experts on every layer, their weights renormalised, a shared expert."""
+    from gguf import Keys
+    return hybrid_config_from_gguf(f, tensors, "qwen3_next", norm_topk_prob=True,
+                                   moe_d_ff=f.get(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, int),
+                                   shared_expert_d_ff=f.get(Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH, int))
 
 
 FAMILY = Family(
     name="qwen3_next", config_class=LlamaConfig, model_class=Llama, presets=PRESETS,
     hf_model_types=("qwen3_next",), config_from_hf=config_from_hf, config_to_hf=config_to_hf,
     hf_keymap=hf_keymap, hf_module_keymap=lambda c: hf_keymap(c, module=True),
-    gguf_arch="qwen3next", config_from_gguf=None, gguf_keymap=None, gguf_metadata=None,
+    gguf_arch="qwen3next", config_from_gguf=config_from_gguf,
+    gguf_keymap=lambda c: hybrid_gguf_keymap(c, "qwen3next", tiled=False),
+    gguf_metadata=lambda w, c: add_hybrid_hparams(w, c, "qwen3next", has=HAS),
     hf_steps=DECODER_HF_STEPS, describe=describe_decoder,
     gguf_vocab={"pre_tokenizer_first": "qwen2"},
 )

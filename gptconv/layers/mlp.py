@@ -78,5 +78,9 @@ class MoE(nn.Module):
             if token.numel():
                 out.index_add_(0, token, (expert(x[token]) * weights[token, slot, None]).to(x.dtype))
         if self.shared is not None:
-            out = out + torch.sigmoid(self.shared_gate(x)) * self.shared(x)  # (N, d): every token
+            out = out + self.gated_shared(x)                        # (N, d): every token
         return out.view(B, T, d)
+
+    def gated_shared(self, x: torch.Tensor) -> torch.Tensor:
+        """The shared expert's output × sigmoid(shared_gate(x)): (N, d) → (N, d)."""
+        return torch.sigmoid(self.shared_gate(x)) * self.shared(x)
