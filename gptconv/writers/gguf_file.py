@@ -90,8 +90,8 @@ def _write(w: GGUFWriter, weights: Weights, src, tokenizer, dtype: str, narrow: 
 
 
 # Tensors llama.cpp's converter keeps in F32 at any output type, beside every 1-D tensor (norms, biases):
-# GPT-2's learned positions, Mixtral's routers
-KEEP_F32 = re.compile(r"position_embd\.weight|blk\.\d+\.ffn_gate_inp\.weight")
+# GPT-2's learned positions, Mixtral's routers, LFM2's short convolutions' filters
+KEEP_F32 = re.compile(r"position_embd\.weight|blk\.\d+\.(ffn_gate_inp|shortconv\.conv)\.weight")
 
 
 def _tensor_type(name: str, shape: tuple[int, ...], dtype: str) -> Q:
@@ -125,7 +125,7 @@ def type_choices(tensors: TensorTypes, dtype: str) -> list[tuple[str, str, str]]
         elif len(shape) < 2 or math.prod(shape) == row:
             why = "1-D (a norm or bias): kept F32"
         elif KEEP_F32.fullmatch(name):
-            why = "llama.cpp keeps it unquantized (a router or learned positions)"
+            why = "llama.cpp keeps it unquantized (a router, learned positions or a convolution's filter)"
         elif row % main_block:
             why = f"rows of {row} values, not a multiple of {main}'s block of {main_block} (a fallback type)"
         elif name in ("output.weight", "token_embd.weight"):
