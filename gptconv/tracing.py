@@ -54,6 +54,8 @@ EXPLAIN_INSIDE = {
     "conv": "linear attention: q, k, v through a short causal convolution (its last inputs kept in the state), SiLU",
     "linear_attention": "gated delta rule: each value head reads q from its state S, after S ← e^g·S + k ⊗ β(v − Sᵀk)",
     "gated_norm": "RMSNorm of each head's output × SiLU(z), before the output projection",
+    "short_conv": "gated short convolution: B ⊙ x through a depthwise causal convolution over the last few positions "
+                  "(its last inputs kept in the state), before × C and the output projection",
 }
 
 

@@ -111,3 +111,27 @@ def assert_fused_experts_read_alike(folder: Path, out: Path) -> None:
         assert "model.layers.0.mlp.experts.gate_up_proj" in s.keys()
     a, b = gptconv.load(out).state_dict(), gptconv.load(folder).state_dict()
     assert a.keys() == b.keys() and all(a[k].equal(b[k]) for k in a)
+
+
+def assert_left_padding_kept_out(monkeypatch, folder, layer: type, lengths: list[int], n: int, pad_id: int) -> None:
+    """Prompts of ``lengths``, left-padded into one batch, each generate ``n`` tokens as they do alone; the
+    check can fail: with the padding hidden from ``layer`` (a recurrent layer: pads then enter its state),
+    they do not."""
+    import gptconv
+    from gptconv.decoding import generate_batch, generate_ids
+    model = gptconv.load(folder)
+    rows = random_ids(model.config.vocab_size, max(lengths), batch=len(lengths), seed=3)
+    prompts = [row[:k].tolist() for row, k in zip(rows, lengths)]
+    alone = [generate_ids(model, p, n) for p in prompts]
+    assert generate_batch(model, prompts, n, pad_id=pad_id) == alone
+
+    class Unpadded:  # the step's padding hidden from ``layer`` only
+        def __init__(self, step):
+            self._step = step
+        pad = None
+
+        def __getattr__(self, name):
+            return getattr(self._step, name)
+    real = layer.forward
+    monkeypatch.setattr(layer, "forward", lambda self, x, step: real(self, x, Unpadded(step)))
+    assert generate_batch(model, prompts, n, pad_id=pad_id) != alone

@@ -8,11 +8,10 @@ import pytest
 import torch
 
 import gptconv
-from gptconv.decoding import generate_batch, generate_ids
 from gptconv.layers import linear_attention
 from gptconv.layers.linear_attention import DeltaNetShape, chunked_delta_rule, l2_normalize, recurrent_delta_rule
 from gptconv.models import KVCache, PRESETS
-from helpers import random_ids
+from helpers import assert_left_padding_kept_out, random_ids
 
 
 def rule_inputs(dtype, B=2, H=3, T=150, dk=16, dv=24, seed=1):
@@ -70,22 +69,7 @@ def hybrid(tmp_path_factory):
 def test_left_padding_does_not_reach_the_state(hybrid, monkeypatch):
     """Prompts of different lengths, left-padded into one batch: each generates what it does alone. The test
     can fail: with pads let into the linear layers' state (their input not zeroed, their decay applied), it does."""
-    model = gptconv.load(hybrid)
-    prompts = [p.tolist() for p in random_ids(400, 40, batch=3, seed=3)]
-    prompts = [prompts[0][:7], prompts[1], prompts[2][:23]]
-    alone = [generate_ids(model, p, 24) for p in prompts]
-    assert generate_batch(model, prompts, 24, pad_id=5) == alone
-
-    class Unpadded:  # the step's padding hidden from the linear layers only
-        def __init__(self, step):
-            self._step = step
-        pad = None
-
-        def __getattr__(self, name):
-            return getattr(self._step, name)
-    real = linear_attention.GatedDeltaNet.forward
-    monkeypatch.setattr(linear_attention.GatedDeltaNet, "forward", lambda self, x, step: real(self, x, Unpadded(step)))
-    assert generate_batch(model, prompts, 24, pad_id=5) != alone
+    assert_left_padding_kept_out(monkeypatch, hybrid, linear_attention.GatedDeltaNet, [7, 40, 23], 24, pad_id=5)
 
 
 def test_the_recurrent_state_does_not_grow_with_the_sequence(hybrid):
@@ -107,3 +91,16 @@ def test_the_recurrent_state_does_not_grow_with_the_sequence(hybrid):
           f"its {c.n_layers - linear} attention layers {per_token:,} bytes per token (a full-attention model of "
           f"24 such layers: {per_token * c.n_layers // (c.n_layers - linear):,})")
     assert c.linear_attention == DeltaNetShape(16, 16, 128, 128, 4)
+
+
+def test_value_heads_wider_than_key_heads_match_transformers(hybrid):
+    """Value heads of 24 under key heads of 16 (llama.cpp's qwen35 has them equal, so the family tests do): ours
+    is as close to transformers' float64 as its float32 is, over 150 positions."""
+    from helpers import hf_model
+    model = gptconv.load(hybrid)
+    assert model.config.linear_attention.v_dim == 24 and model.config.linear_attention.k_dim == 16
+    ids = random_ids(400, 150)
+    with torch.no_grad():
+        mine, ref, truth = model(ids), hf_model(hybrid)(ids).logits, hf_model(hybrid, torch.float64)(ids).logits
+    rms = lambda x: x.double().pow(2).mean().sqrt().item()  # noqa: E731
+    assert rms(mine - truth) <= 2 * rms(ref - truth) and torch.equal(mine.argmax(-1), ref.argmax(-1))

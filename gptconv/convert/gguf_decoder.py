@@ -18,10 +18,12 @@ from .keymap import Drop, KeyMap, Map, Rule, Stacked, TensorInfo, Tied, Transfor
 
 
 def decoder_config_from_gguf(f: Any, tensors: dict[str, TensorInfo], family: str, fused_qkv: bool = False,
-                             partial_rotary: bool = False, **specific: Any) -> LlamaConfig:
+                             partial_rotary: bool = False, n_kv_heads: int | None = None,
+                             **specific: Any) -> LlamaConfig:
     """A config from the metadata every architecture of the decoder has; biases are those present in
     block 0; ``specific``: the family's own fields (window, q/k norms, experts); ``partial_rotary``: the
-    architecture rotates the first rope.dimension_count dimensions of each head (else they must be all)."""
+    architecture rotates the first rope.dimension_count dimensions of each head (else they must be all);
+    ``n_kv_heads``: where the family reads them itself (a per-layer list: LFM2)."""
     heads = f.get(Keys.Attention.HEAD_COUNT, int)
     d = f.get(Keys.LLM.EMBEDDING_LENGTH, int)
     head_dim = f.get(Keys.Attention.KEY_LENGTH, int, 0) or d // max(heads, 1)
@@ -37,7 +39,7 @@ def decoder_config_from_gguf(f: Any, tensors: dict[str, TensorInfo], family: str
     has = lambda tensor: gguf_name(tensor, "bias").replace("{i}", "0") in tensors  # noqa: E731
     return gguf_config(
         LlamaConfig, f, tensors,
-        n_kv_heads=f.get(Keys.Attention.HEAD_COUNT_KV, int, heads),
+        n_kv_heads=n_kv_heads or f.get(Keys.Attention.HEAD_COUNT_KV, int, heads),
         d_ff=specific.pop("d_ff", None) or f.get(Keys.LLM.FEED_FORWARD_LENGTH, int),  # a family may know it otherwise
         head_dim=head_dim,
         norm_eps=f.get(Keys.Attention.LAYERNORM_RMS_EPS, float),
@@ -177,9 +179,9 @@ POST_NORMS = [Map(gguf_name(T.ATTN_POST_NORM), "blocks.{i}.post_attn_norm.weight
               Map(gguf_name(T.FFN_POST_NORM), "blocks.{i}.post_mlp_norm.weight")]
 
 
-def decoder_gguf_keymap(config: LlamaConfig, arch: str, layer: list[Rule]) -> KeyMap:
+def decoder_gguf_keymap(config: LlamaConfig, arch: str, layer: list[Rule], final_norm: T = T.OUTPUT_NORM) -> KeyMap:
     """llama.cpp's names for the decoder: ``layer`` holds the rows of a block but its norms (those after
-    the sublayers: ``POST_NORMS``, added where the config has them)."""
+    the sublayers: ``POST_NORMS``, added where the config has them); ``final_norm``: the final norm's tensor."""
     head = (Tied(gguf_name(T.OUTPUT), "tok_emb.weight") if config.tie_embeddings
             else Map(gguf_name(T.OUTPUT), "lm_head.weight"))
     pre = [Map(gguf_name(T.ATTN_NORM), "blocks.{i}.norm1.weight"),
@@ -189,7 +191,7 @@ def decoder_gguf_keymap(config: LlamaConfig, arch: str, layer: list[Rule]) -> Ke
         *pre,
         *(POST_NORMS if config.norms != "pre" else []),
         *layer,
-        Map(gguf_name(T.OUTPUT_NORM), "norm_f.weight"),
+        Map(gguf_name(final_norm), "norm_f.weight"),
         head,
         # read into the config (RopeScaling "factors", "longrope"), not parameters
         Drop(gguf_name(T.ROPE_FREQS)), Drop(gguf_name(T.ROPE_FACTORS_LONG)), Drop(gguf_name(T.ROPE_FACTORS_SHORT)),
@@ -198,12 +200,14 @@ def decoder_gguf_keymap(config: LlamaConfig, arch: str, layer: list[Rule]) -> Ke
 
 def add_decoder_hparams(w: Any, cfg: LlamaConfig, *, vocab_size: bool = False, rope_dims: bool = False,
                         original_context: bool = False, has: frozenset[str] = frozenset(), arch: str = "",
-                        feed_forward: bool = True) -> None:
+                        feed_forward: bool = True, kv_heads: list[int] | None = None) -> None:
     """The hyperparameters llama.cpp's converter writes for every architecture of the decoder, in its
     order (a family adds its own after them: window, key length, scaling), no more, so that the two files'
     metadata can be compared key by key. ``vocab_size``, ``rope_dims``, ``original_context``: keys only some
-    architectures get; ``feed_forward``: the dense MLP's size, absent where a config has none. ``has``: the features (``LlamaConfig.features``) llama.cpp's ``arch`` runs, which the
-    family writes; a config with another is refused."""
+    architectures get; ``feed_forward``: the dense MLP's size, absent where a config has none. ``has``: the
+    features (``LlamaConfig.features``) llama.cpp's ``arch`` runs, which the family writes; a config with
+    another is refused. ``kv_heads``: K/V heads per layer, where the architecture writes a list (LFM2: 0 on
+    its conv layers)."""
     missing = cfg.features() - has - {"layer_types"}  # windows: add_window
     if missing:
         raise GptconvError(f"llama.cpp's {arch or 'architecture'} has no place for: {', '.join(sorted(missing))}; "
@@ -220,7 +224,7 @@ def add_decoder_hparams(w: Any, cfg: LlamaConfig, *, vocab_size: bool = False, r
     w.add_head_count(cfg.n_heads)
     if vocab_size:
         w.add_vocab_size(cfg.vocab_size)
-    w.add_head_count_kv(cfg.n_kv_heads)
+    w.add_head_count_kv(cfg.n_kv_heads if kv_heads is None else kv_heads)
     w.add_layer_norm_rms_eps(cfg.norm_eps)
     if rope_dims:
         w.add_rope_dimension_count(cfg.rope_dim or cfg.head_dim)

@@ -123,9 +123,10 @@ def decoder_config_from_hf(f: ConfigFields, family: str, defaults: dict[str, Any
     # dropouts and noise that act in training only, which our modules do not have
     untrained = tuple(f"{name} {f.data[name]}" for name in ("resid_pdrop", "embd_pdrop", "router_jitter_noise")
                       if f.float(name, 0.0))
-    # layer_types checked whatever the family makes of them; linear layers only where the family has them
-    if "linear_attention" in (layer_types(f) or ()) and "linear_attention" not in specific:
-        raise f.error(f"layer_types has linear_attention layers, which model_type {family} does not have")
+    # layer_types checked whatever the family makes of them; recurrent layers only where the family has them
+    for kind, field in (("linear_attention", "linear_attention"), ("conv", "short_conv")):
+        if kind in (layer_types(f) or ()) and field not in specific:
+            raise f.error(f"layer_types has {kind} layers, which model_type {family} does not have")
     return build_config(
         LlamaConfig, f,
         **f.common(context_length="max_position_embeddings", d_model="hidden_size", n_layers="num_hidden_layers",
@@ -213,16 +214,17 @@ def rope_by_layer_type(f: ConfigFields, default_theta: float = 10000.0,
 
 
 def layer_types(f: ConfigFields) -> list[str] | None:
-    """``layer_types``, checked: one of full_attention / sliding_attention / linear_attention per layer, or absent."""
+    """``layer_types``, checked: one of full_attention / sliding_attention / linear_attention / conv per layer,
+    or absent."""
     types = f.data.get("layer_types")
     if types is None:
         return None
     n = f.int("num_hidden_layers")
     if not isinstance(types, list) or len(types) != n:
         raise f.error(f"layer_types must list one kind per layer ({n})")
-    bad = next((t for t in types if t not in ("full_attention", "sliding_attention", "linear_attention")), None)
+    bad = next((t for t in types if t not in ("full_attention", "sliding_attention", "linear_attention", "conv")), None)
     if bad is not None or not all(isinstance(t, str) for t in types):
-        raise f.error(f"layer_types: {bad!r} is not full_attention, sliding_attention or linear_attention")
+        raise f.error(f"layer_types: {bad!r} is not full_attention, sliding_attention, linear_attention or conv")
     return types
 
 
@@ -348,19 +350,20 @@ def fused_experts(config: LlamaConfig) -> list[Rule]:
 
 
 def decoder_hf_keymap(config: LlamaConfig, model_type: str, layer: list[tuple[str, str]], fused: list[Rule] = (),
-                      fused_first: bool = False, extra: list[Rule] = ()) -> KeyMap:
+                      fused_first: bool = False, extra: list[Rule] = (),
+                      final_norm: str = "model.norm.weight") -> KeyMap:
     """HF names need no transform: HF's q/k rows are already in rotate-half order. Bias rows that the
     config does not enable are absent from the model, and so reported if a file has them. ``layer``:
     the (HF, ours) pairs under each layer; ``fused``: rows beyond a rename (tensors HF stores as one,
     rows reordered), listed after the plain rows (``fused_first``: before them, so that the inverse names those);
-    ``extra``: rows outside the layers (tensors dropped on purpose)."""
+    ``extra``: rows outside the layers (tensors dropped on purpose); ``final_norm``: the final norm's name."""
     head = (Tied("lm_head.weight", "tok_emb.weight") if config.tie_embeddings
             else Map("lm_head.weight", "lm_head.weight"))
     rows = [Map(f"model.layers.{{i}}.{src}", f"blocks.{{i}}.{dst}") for src, dst in layer]
     return KeyMap(f"{model_type} (Hugging Face)", [
         Map("model.embed_tokens.weight", "tok_emb.weight"),
         *((list(fused) + rows) if fused_first else (rows + list(fused))),
-        Map("model.norm.weight", "norm_f.weight"),
+        Map(final_norm, "norm_f.weight"),
         head,
         Drop("model.layers.{i}.self_attn.rotary_emb.inv_freq"),  # older files saved RoPE's buffer
         *extra,
@@ -383,6 +386,13 @@ def describe_decoder(cfg: LlamaConfig) -> list[str]:
                      f"(a gated delta rule, no position signal but order) in {len(linear)} layers "
                      f"({', '.join(map(str, linear))}): each keeps a state of {s.v_heads} heads × {s.k_dim} × {s.v_dim} "
                      f"and a {s.conv_kernel}-tap convolution, the same size at any length")
+    conv = [i for i in range(n) if cfg.conv_at(i)]
+    if conv:
+        k = cfg.short_conv.kernel
+        full = [i for i in range(n) if not cfg.conv_at(i)]
+        lines.append(f"mixing positions: attention in layers {', '.join(map(str, full)) or 'none'}; a gated short "
+                     f"convolution (out(C ⊙ conv(B ⊙ x)): each position sees its last {k}, order by the taps) in "
+                     f"{len(conv)} layers ({', '.join(map(str, conv))}): each keeps its last {k - 1} inputs")
     sliding = sum(cfg.window(i) is not None for i in range(n))
     nope = [i for i in range(n) if not cfg.rope_at(i)]
     extras = []

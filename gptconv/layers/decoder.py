@@ -6,7 +6,8 @@ heads, each shared by n_heads / n_kv_heads query heads). A family file (``gptcon
 its config's ``family`` and the options below it uses (biases, windows, q/k norms, experts, NoPE
 layers, partial rotary, where the norms sit, µP multipliers, linear-attention layers); the forward does
 not depend on the family. In a hybrid model (Qwen3.5, Qwen3-Next) some layers are linear attention
-(``layers/linear_attention.py``): they mix positions through a recurrent state, not over keys.
+(``layers/linear_attention.py``): they mix positions through a recurrent state, not over keys; in LFM2
+some are a gated short convolution (``layers/short_conv.py``): over their last few positions only.
 """
 
 from __future__ import annotations
@@ -24,10 +25,11 @@ from .linear_attention import DeltaNetShape, GatedDeltaNet
 from .mlp import MoE, SwiGLU
 from .norms import OffsetRMSNorm, RMSNorm
 from .rope import RopeScaling, rope_frequencies
+from .short_conv import ShortConv, ShortConvShape
 from .step import Step
 from .tap import Tap, no_tap
 
-SLIDING, FULL, LINEAR = "sliding_attention", "full_attention", "linear_attention"  # HF's layer_types
+SLIDING, FULL, LINEAR, CONV = "sliding_attention", "full_attention", "linear_attention", "conv"  # HF's layer_types
 NORM_PLACES = ("pre", "post", "sandwich")
 
 
@@ -49,8 +51,9 @@ class LlamaConfig:
     o_bias: bool = False
     mlp_bias: bool = False
     sliding_window: int | None = None  # layers attend to their last sliding_window positions: every layer,
-    layer_types: tuple[str, ...] = ()  # or those SLIDING here (per layer, SLIDING, FULL or LINEAR); () → every layer
+    layer_types: tuple[str, ...] = ()  # or those SLIDING here (per layer, SLIDING, FULL, LINEAR or CONV); () → every layer
     linear_attention: DeltaNetShape | None = None  # the LINEAR layers' sizes (gated delta rule)
+    short_conv: ShortConvShape | None = None  # the CONV layers' (gated short convolution)
     attention_gate: bool = False  # attention's output × sigmoid(gate(x)) before its projection (Qwen3-Next)
     offset_norms: bool = False  # RMSNorms scale by 1 + w (weights stored as offsets from 1), q/k norms too
     qk_norm: bool = False  # RMSNorm on q and k, before RoPE:
@@ -110,7 +113,7 @@ class LlamaConfig:
         check_range(self, ("embedding_multiplier", "residual_multiplier", "logits_scaling"), 0.0, 1e6, low_open=True)
         if self.attention_scale is not None:
             check_range(self, ("attention_scale",), 0.0, 1e6, low_open=True)
-        for name, allowed in (("layer_types", (SLIDING, FULL, LINEAR)), ("rope_layers", (True, False)),
+        for name, allowed in (("layer_types", (SLIDING, FULL, LINEAR, CONV)), ("rope_layers", (True, False)),
                               ("moe_layers", (True, False))):
             value = tuple(getattr(self, name))
             if value and (len(value) != self.n_layers or any(v not in allowed or type(v) is not type(allowed[0])
@@ -121,6 +124,8 @@ class LlamaConfig:
             raise ValueError("layer_types has sliding layers but sliding_window is None")
         if (LINEAR in self.layer_types) != (self.linear_attention is not None):
             raise ValueError("linear_attention gives the sizes of layer_types' linear_attention layers: both or neither")
+        if (CONV in self.layer_types) != (self.short_conv is not None):
+            raise ValueError("short_conv gives the options of layer_types' conv layers: both or neither")
         if self.shared_expert_d_ff and not self.n_experts:
             raise ValueError("a shared expert without routed experts")
         # one spelling per model: a per-layer tuple that says the same of every layer is ()
@@ -155,7 +160,8 @@ class LlamaConfig:
              != (1.0, 1.0, None, 1.0)),
             ("unnormalised expert weights", not c.norm_topk_prob), ("expert size", bool(c.moe_d_ff)),
             ("dense layers among experts", bool(c.moe_layers)),
-            ("linear attention", LINEAR in c.layer_types), ("attention output gate", c.attention_gate),
+            ("linear attention", LINEAR in c.layer_types), ("short convolution", CONV in c.layer_types),
+            ("attention output gate", c.attention_gate),
             ("offset norms", c.offset_norms), ("shared expert", bool(c.shared_expert_d_ff))) if on}
 
     def window(self, layer: int) -> int | None:
@@ -165,6 +171,10 @@ class LlamaConfig:
     def linear_at(self, layer: int) -> bool:
         """Whether layer ``layer`` is linear attention (a recurrent state, no keys)."""
         return bool(self.layer_types) and self.layer_types[layer] == LINEAR
+
+    def conv_at(self, layer: int) -> bool:
+        """Whether layer ``layer`` is a gated short convolution (its last few positions, no keys)."""
+        return bool(self.layer_types) and self.layer_types[layer] == CONV
 
     def norm(self, d: int) -> nn.Module:
         """An RMSNorm of this model's convention over d features."""
@@ -252,8 +262,9 @@ class Block(nn.Module):
         pre, post = c.norms in ("pre", "sandwich"), c.norms in ("post", "sandwich")
         norm = c.norm
         self.norm1 = norm(c.d_model) if pre else None
-        # the layer's mixer, the one step that mixes positions: attention, or a linear-attention layer
+        # the layer's mixer, the one step that mixes positions: attention, a linear-attention layer or a short conv
         self.attn = (GatedDeltaNet(c.d_model, c.linear_attention, c.norm_eps) if c.linear_at(layer) else
+                     ShortConv(c.d_model, c.short_conv) if c.conv_at(layer) else
                      Attention(c.d_model, c.n_heads, c.n_kv_heads, c.head_dim, qkv_bias=c.qkv_bias, o_bias=c.o_bias,
                                qk_norm=norm if c.qk_norm else None, qk_norm_over=c.qk_norm_over,
                                window=c.window(layer), rope=c.rope_at(layer), scale=c.attention_scale,
