@@ -53,6 +53,7 @@ class Source:
     hf_config: dict[str, Any] | None = None
     gguf: GGUFFile | None = None
     layout: str = ""  # which key layout the tensors came in, set by the strict load
+    dropped: list[str] = field(default_factory=list)  # tensors the key map drops by a named rule, set by it too
     # a multimodal checkpoint's text model: the wrapper's model_type, and the tensors left out of the
     # text model by the wrapper's rule (the vision tower, the projector), by their names in the file
     wrapper: str | None = None
@@ -145,7 +146,7 @@ def load_source(src: Source, dtype: str | torch.dtype = torch.float32, device: s
     device = parse_device(device)
     model = build_empty(src.config)
     plan = src.plan(model_shapes(model))
-    src.layout = plan.layout
+    src.layout, src.dropped = plan.layout, list(plan.dropped)
     if blockwise:
         if device.type != "cpu":
             raise GptconvError(f"{src.name}: a model run one block at a time runs on the CPU, not {device}")

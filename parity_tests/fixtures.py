@@ -334,7 +334,20 @@ WRAPPER_FIXTURES = {
                            patch_size=14, deepstack_visual_indexes=[0]),
         image_token_id=151655, video_token_id=151656, vision_start_token_id=151652, vision_end_token_id=151653,
         tie_word_embeddings=False)),
+    # Qwen3.5's: a hybrid text model (3 linear-attention layers, 1 gated full-attention layer) and no MTP layers
+    # (transformers reads its tokenizer as Qwen2's, whose pre-tokenizer is the only one llama.cpp's converter
+    # then recognises)
+    "qwen3_5": ("qwen2", dict(
+        text_config=dict(**{**_TEXT, "num_hidden_layers": 4}, vocab_size=151936, linear_num_key_heads=2,
+                         linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+                         bos_token_id=151643, eos_token_id=151645),
+        vision_config=dict(hidden_size=32, intermediate_size=64, depth=1, num_heads=2, out_hidden_size=64,
+                           patch_size=14),
+        image_token_id=151655, video_token_id=151656, vision_start_token_id=151652, vision_end_token_id=151653,
+        tie_word_embeddings=False)),
 }
+# the norms that scale by 1 + w (scrambled about 0, the others about 1)
+_OFFSET_NORMS = {"gemma3": lambda n: True, "qwen3_5": lambda n: "linear_attn.norm" not in n}
 
 
 def make_wrapper(folder: Path, name: str) -> Path:
@@ -349,7 +362,8 @@ def make_wrapper(folder: Path, name: str) -> Path:
     with torch.no_grad():
         for n, p in model.named_parameters():
             if p.ndim == 1 and "language_model" in n and "norm" in n:  # ones or zeros at init: a swap would not show
-                p.copy_((torch.randn(p.shape, generator=g) * 0.1 + (0.0 if name == "gemma3" else 1.0)).bfloat16().float())
+                offset = _OFFSET_NORMS.get(name, lambda n: False)(n)
+                p.copy_((torch.randn(p.shape, generator=g) * 0.1 + (0.0 if offset else 1.0)).bfloat16().float())
     model.save_pretrained(folder)
     if vocab == "llama-spm":
         llama_cpp_tools.sentencepiece_model_from_gguf(llama_cpp_tools.vocab_file(vocab), folder / "tokenizer.model")

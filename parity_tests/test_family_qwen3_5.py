@@ -15,6 +15,7 @@ from family_battery import plant
 from gptconv.convert.keymap import model_shapes
 from gptconv.layers import linear_attention
 from gptconv.models import build_empty
+from helpers import run_cli
 
 ARCH = "qwen3_5_text"
 VOCAB = "gpt-2"  # Qwen3.5's own has 248,320 tokens; llama.cpp's converter reads GPT-2's as BPE
@@ -90,3 +91,12 @@ def test_the_multi_token_prediction_layers_are_dropped_by_name(ckpt, tmp_path, w
     assert sorted(plan.dropped) == sorted(k for k in src.tensors if k.startswith(where))
     a, b = gptconv.load(folder).state_dict(), gptconv.load(ckpt).state_dict()
     assert all(a[k].equal(b[k]) for k in b)
+    r = run_cli("pull", folder)
+    assert r.returncode == 0 and f"dropped       4 tensors by named rules" in r.stdout and f"{where}fc.weight" in r.stdout
+
+
+def test_our_gguf_verifies_against_transformers_gguf_reader(ours_gguf):
+    """transformers 5.25 reads qwen35 files itself (its GGUF loader undoes the converter's changes): the
+    reference is then transformers' own reading of our file."""
+    report = gptconv.verify(str(ours_gguf), length=48)
+    assert report.passed, (report.first_divergent_step, report.notes)

@@ -48,3 +48,10 @@ def test_the_shared_expert_ungated_fails_verify(ckpt, monkeypatch):
     monkeypatch.setattr(mlp.MoE, "gated_shared", lambda self, x: self.shared(x))
     report = gptconv.verify(str(ckpt), length=24)
     assert not report.passed and report.first_divergent_step.startswith("block.0"), report.first_divergent_step
+
+
+def test_transformers_cannot_read_qwen3next_gguf_and_verify_says_so_in_one_line(ours_gguf):
+    from helpers import run_cli
+    r = run_cli("verify", ours_gguf, "--length", "16")
+    assert r.returncode != 0 and r.stderr.strip().count("\n") == 0, r.stderr
+    assert "transformers cannot read this GGUF file" in r.stderr and "--against llama.cpp" in r.stderr

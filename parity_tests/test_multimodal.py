@@ -1,5 +1,5 @@
-"""The text model inside multimodal checkpoints: Gemma 3 4B+ (gemma3), Mistral Small 3.x (mistral3) and
-Qwen3-VL (qwen3_vl), random-init wrappers saved by transformers 5.25.
+"""The text model inside multimodal checkpoints: Gemma 3 4B+ (gemma3), Mistral Small 3.x (mistral3), Qwen3-VL
+(qwen3_vl) and Qwen3.5 (qwen3_5, a hybrid text model), random-init wrappers saved by transformers 5.25.
 
 The text model loads by the wrapper's table row (its prefix, its text_config); the vision tower and the
 projector are left out by a listed rule and named in the summary; verify compares ours with transformers'
@@ -23,8 +23,8 @@ from gptconv.parity.compare import FP32
 from gptconv.writers import export
 from helpers import random_ids, run_cli
 
-NAMES = ["gemma3", "gemma3-native", "mistral3", "qwen3_vl"]
-TEXT_TYPES = {"gemma3": "gemma3_text", "mistral3": "mistral", "qwen3_vl": "qwen3"}
+NAMES = ["gemma3", "gemma3-native", "mistral3", "qwen3_vl", "qwen3_5"]
+TEXT_TYPES = {"gemma3": "gemma3_text", "mistral3": "mistral", "qwen3_vl": "qwen3", "qwen3_5": "qwen3_5_text"}
 
 
 def _kind(name: str) -> str:
@@ -97,7 +97,7 @@ def test_qwen3_vl_text_is_qwen3_with_plain_rope(wrappers):
     assert (mine - other).abs().max().item() > 0.1
 
 
-@pytest.mark.parametrize("name", ["gemma3", "mistral3", "qwen3_vl"])
+@pytest.mark.parametrize("name", ["gemma3", "mistral3", "qwen3_vl", "qwen3_5"])
 def test_hf_export_is_the_text_model(wrappers, tmp_path, name):
     """A text-only HF folder: transformers' text class loads it, its tensors are the wrapper's text
     tensors bit for bit, and it computes what the whole model computes on text."""
@@ -124,16 +124,17 @@ def test_hf_export_is_the_text_model(wrappers, tmp_path, name):
 # The converter writes Mistral 3's and Qwen3-VL's text models under their multimodal architectures
 # (mistral3, qwen3vl: the same hyperparameters, and Qwen3-VL's M-RoPE sections and deepstack count, which
 # act with images only); ours writes the text model's own (llama, qwen3), which it computes exactly.
-THEIR_ARCH = {"gemma3": "gemma3", "mistral3": "mistral3", "qwen3_vl": "qwen3vl"}
+THEIR_ARCH = {"gemma3": "gemma3", "mistral3": "mistral3", "qwen3_vl": "qwen3vl", "qwen3_5": "qwen35"}
+CONVERTER_OPTIONS = {"qwen3_5": ("--no-mtp",)}  # transformers saves no MTP layers, which the converter then needs
 IMAGE_ONLY = {"qwen3vl.rope.dimension_sections", "qwen3vl.n_deepstack_layers"}
 
 
-@pytest.mark.parametrize("name", ["gemma3", "mistral3", "qwen3_vl"])
+@pytest.mark.parametrize("name", ["gemma3", "mistral3", "qwen3_vl", "qwen3_5"])
 def test_gguf_export_equals_llama_cpps_converter(wrappers, tmp_path, name):
     from gguf import GGUFReader
     ours = tmp_path / "ours.gguf"
     export(str(wrappers[name]), ours, "gguf", "f32")
-    theirs = llama_cpp_tools.convert(wrappers[name], tmp_path / "theirs.gguf", "f32")
+    theirs = llama_cpp_tools.convert(wrappers[name], tmp_path / "theirs.gguf", "f32", CONVERTER_OPTIONS.get(name, ()))
     keys, tensors = llama_cpp_tools.differences(ours, theirs)
     assert tensors == []
     a = {k: f.contents() for k, f in GGUFReader(ours).fields.items() if not k.startswith("GGUF.")}

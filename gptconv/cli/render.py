@@ -28,6 +28,9 @@ def pull_summary(s) -> None:
     if s.left_out:
         click.echo(f"left out      {len(s.left_out)} tensors of {s.left_out_what}: the text model of a '{s.wrapper}' "
                    "checkpoint is what loads")
+    if s.dropped:
+        shown = ", ".join(s.dropped[:3]) + (f", … ({len(s.dropped) - 3} more)" if len(s.dropped) > 3 else "")
+        click.echo(f"dropped       {len(s.dropped)} tensors by named rules of the key table, unused by the trace: {shown}")
     click.echo(f"folder        {s.folder}")
     for name, size in s.files:
         click.echo(f"  {name:<40} {_bytes(size):>10}")
