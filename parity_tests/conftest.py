@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -78,14 +79,40 @@ def gemma3_270m(tmp_path_factory) -> Path:
     return package.assemble(tmp_path_factory.mktemp("gemma3-270m") / package.MODEL_NAME)
 
 
+class _Lazy(Mapping):
+    """A read-only mapping whose values are made on first use (then kept): a file that needs one
+    checkpoint (test_bench.py, test_sentencepiece.py) no longer waits for all of them."""
+
+    def __init__(self, names, make):
+        self._names, self._make, self._made = list(names), make, {}
+
+    def __getitem__(self, name):
+        if name not in self._names:
+            raise KeyError(name)
+        if name not in self._made:
+            self._made[name] = self._make(name)
+        return self._made[name]
+
+    def __iter__(self):
+        return iter(self._names)
+
+    def __len__(self):
+        return len(self._names)
+
+
 @pytest.fixture(scope="session")
-def converter_fixtures(tmp_path_factory, smollm2) -> dict[str, Path]:
-    """Checkpoints with real tokenizers for the comparison with llama.cpp's converter (fixtures.py)."""
+def converter_fixtures(tmp_path_factory, smollm2) -> Mapping[str, Path]:
+    """Checkpoints with real tokenizers for the comparison with llama.cpp's converter (fixtures.py), each
+    made the first time a test asks for it (the same folder as before, once per session)."""
     import llama_cpp_tools
     from fixtures import CONVERTER_FIXTURES, make_converter_fixture
     root = tmp_path_factory.mktemp("converter")
-    return {name: make_converter_fixture(root / name, name, smollm2 if vocab == "smollm2" else llama_cpp_tools.vocab_file(vocab))
-            for name, (_, vocab, _) in CONVERTER_FIXTURES.items()}
+
+    def make(name):
+        vocab = CONVERTER_FIXTURES[name][1]
+        vocab_gguf = smollm2 if vocab == "smollm2" else llama_cpp_tools.vocab_file(vocab)
+        return make_converter_fixture(root / name, name, vocab_gguf)
+    return _Lazy(CONVERTER_FIXTURES, make)
 
 
 # The planted-bug catalog's verdict matrix (test_planted_bugs.py): each worker appends its rows to a
