@@ -178,3 +178,28 @@ def shared_references():
     patch.setattr(verify_run, "reference_steps", steps)
     yield
     patch.undo()
+
+
+@pytest.fixture
+def parsed_once(monkeypatch):
+    """Each GGUF file's metadata parsed once per test by gptconv's reader and once by gguf-py's (which
+    transformers reads it with), however many loads read it: parsing a 128k-token vocabulary in Python
+    took most of a verify of llama.cpp's converter output (six to seven times the same unchanged file;
+    test_llama_cpp_converter.py, test_qwen2_gguf.py). Keyed on the file's identity, size and
+    modification time, so a file written anew is parsed anew."""
+    import gguf
+
+    import gptconv.sources.gguf_file as gguf_file
+
+    def once(make):
+        made = {}
+
+        def reader(path, *args, **kwargs):
+            st = Path(path).stat()
+            key = (str(Path(path).resolve()), st.st_ino, st.st_size, st.st_mtime_ns, args, tuple(kwargs.items()))
+            if key not in made:
+                made[key] = make(path, *args, **kwargs)
+            return made[key]
+        return reader
+    monkeypatch.setattr(gguf_file, "CheckedReader", once(gguf_file.CheckedReader))
+    monkeypatch.setattr(gguf, "GGUFReader", once(gguf.GGUFReader))
