@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -78,14 +79,40 @@ def gemma3_270m(tmp_path_factory) -> Path:
     return package.assemble(tmp_path_factory.mktemp("gemma3-270m") / package.MODEL_NAME)
 
 
+class _Lazy(Mapping):
+    """A read-only mapping whose values are made on first use (then kept): a file that needs one
+    checkpoint (test_bench.py, test_sentencepiece.py) no longer waits for all of them."""
+
+    def __init__(self, names, make):
+        self._names, self._make, self._made = list(names), make, {}
+
+    def __getitem__(self, name):
+        if name not in self._names:
+            raise KeyError(name)
+        if name not in self._made:
+            self._made[name] = self._make(name)
+        return self._made[name]
+
+    def __iter__(self):
+        return iter(self._names)
+
+    def __len__(self):
+        return len(self._names)
+
+
 @pytest.fixture(scope="session")
-def converter_fixtures(tmp_path_factory, smollm2) -> dict[str, Path]:
-    """Checkpoints with real tokenizers for the comparison with llama.cpp's converter (fixtures.py)."""
+def converter_fixtures(tmp_path_factory, smollm2) -> Mapping[str, Path]:
+    """Checkpoints with real tokenizers for the comparison with llama.cpp's converter (fixtures.py), each
+    made the first time a test asks for it (the same folder as before, once per session)."""
     import llama_cpp_tools
     from fixtures import CONVERTER_FIXTURES, make_converter_fixture
     root = tmp_path_factory.mktemp("converter")
-    return {name: make_converter_fixture(root / name, name, smollm2 if vocab == "smollm2" else llama_cpp_tools.vocab_file(vocab))
-            for name, (_, vocab, _) in CONVERTER_FIXTURES.items()}
+
+    def make(name):
+        vocab = CONVERTER_FIXTURES[name][1]
+        vocab_gguf = smollm2 if vocab == "smollm2" else llama_cpp_tools.vocab_file(vocab)
+        return make_converter_fixture(root / name, name, vocab_gguf)
+    return _Lazy(CONVERTER_FIXTURES, make)
 
 
 # The planted-bug catalog's verdict matrix (test_planted_bugs.py): each worker appends its rows to a
@@ -151,3 +178,28 @@ def shared_references():
     patch.setattr(verify_run, "reference_steps", steps)
     yield
     patch.undo()
+
+
+@pytest.fixture
+def parsed_once(monkeypatch):
+    """Each GGUF file's metadata parsed once per test by gptconv's reader and once by gguf-py's (which
+    transformers reads it with), however many loads read it: parsing a 128k-token vocabulary in Python
+    took most of a verify of llama.cpp's converter output (six to seven times the same unchanged file;
+    test_llama_cpp_converter.py, test_qwen2_gguf.py). Keyed on the file's identity, size and
+    modification time, so a file written anew is parsed anew."""
+    import gguf
+
+    import gptconv.sources.gguf_file as gguf_file
+
+    def once(make):
+        made = {}
+
+        def reader(path, *args, **kwargs):
+            st = Path(path).stat()
+            key = (str(Path(path).resolve()), st.st_ino, st.st_size, st.st_mtime_ns, args, tuple(kwargs.items()))
+            if key not in made:
+                made[key] = make(path, *args, **kwargs)
+            return made[key]
+        return reader
+    monkeypatch.setattr(gguf_file, "CheckedReader", once(gguf_file.CheckedReader))
+    monkeypatch.setattr(gguf, "GGUFReader", once(gguf.GGUFReader))

@@ -31,6 +31,20 @@ def gemma3(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def theirs_spm(gemma3_spm, tmp_path_factory):
+    """llama.cpp's converter on gemma3_spm at a type, run once per type for the module (its output is
+    a function of the folder and the type: the tests below compare it bit for bit with ours)."""
+    import llama_cpp_tools
+    root, made = tmp_path_factory.mktemp("theirs"), {}
+
+    def convert(dtype: str) -> Path:
+        if dtype not in made:
+            made[dtype] = llama_cpp_tools.convert(gemma3_spm, root / f"theirs.{dtype}.gguf", dtype)
+        return made[dtype]
+    return convert
+
+
+@pytest.fixture(scope="module")
 def gemma3_spm(tmp_path_factory) -> Path:
     """For llama.cpp: query_pre_attn_scalar = head_dim (llama.cpp stores none and assumes head_dim, as
     for every released size but the 27B) and a SentencePiece tokenizer the converter reads."""
@@ -250,23 +264,22 @@ def test_gguf_export_refuses_global_layers_llama_cpp_would_not_place(gemma3, tmp
 # llama.cpp
 
 
-def test_our_gguf_equals_llama_cpps_converter(gemma3_spm, tmp_path):
+def test_our_gguf_equals_llama_cpps_converter(gemma3_spm, theirs_spm, tmp_path):
     """On the same folder both converters write the same tensors (norms as 1 + w) bit for bit and the
     same metadata but the name, at f32 and q8_0."""
     import llama_cpp_tools
     for dtype in ("f32", "q8_0"):
         ours = tmp_path / f"ours.{dtype}.gguf"
         export(str(gemma3_spm), ours, "gguf", dtype)
-        theirs = llama_cpp_tools.convert(gemma3_spm, tmp_path / f"theirs.{dtype}.gguf", dtype)
+        theirs = theirs_spm(dtype)
         keys, tensors = llama_cpp_tools.differences(ours, theirs)
         assert tensors == [] and set(keys) == {"general.name"}, (dtype, keys, tensors)
 
 
-def test_llama_cpp_agrees_past_the_window(gemma3_spm, tmp_path):
-    import llama_cpp_tools
+def test_llama_cpp_agrees_past_the_window(gemma3_spm, theirs_spm, tmp_path):
     ours = tmp_path / "ours.gguf"
     export(str(gemma3_spm), ours, "gguf", "f32")
-    theirs = llama_cpp_tools.convert(gemma3_spm, tmp_path / "theirs.gguf", "f32")
+    theirs = theirs_spm("f32")
     for file in (ours, theirs):
         report = gptconv.verify(str(file), against="llama.cpp", length=96)
         print(f"\ngemma3: {file.name} vs llama.cpp at 96 positions: max|Δ| = {report.max_abs_diff:.3e}")

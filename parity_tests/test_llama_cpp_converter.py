@@ -7,7 +7,6 @@ what llama.cpp's converter writes must load in gptconv and verify against transf
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
@@ -61,30 +60,6 @@ def test_our_gguf_equals_llama_cpps_converter(converter_fixtures, theirs, tmp_pa
     assert tensors == []
     unexplained = {k: v for k, v in keys.items() if k not in PROVENANCE and (name, k) not in KNOWN}
     assert not unexplained
-
-
-@pytest.fixture
-def parsed_once(monkeypatch):
-    """Each GGUF file's metadata parsed once per test by gptconv's reader and once by gguf-py's (which
-    transformers reads it with), however many loads read it: parsing a 128k-token vocabulary in Python
-    took most of this test (six to seven times the same unchanged file). Keyed on the file's identity,
-    size and modification time, so a file written anew is parsed anew."""
-    import gguf
-
-    import gptconv.sources.gguf_file as gguf_file
-
-    def once(make):
-        made = {}
-
-        def reader(path, *args, **kwargs):
-            st = Path(path).stat()
-            key = (str(Path(path).resolve()), st.st_ino, st.st_size, st.st_mtime_ns, args, tuple(kwargs.items()))
-            if key not in made:
-                made[key] = make(path, *args, **kwargs)
-            return made[key]
-        return reader
-    monkeypatch.setattr(gguf_file, "CheckedReader", once(gguf_file.CheckedReader))
-    monkeypatch.setattr(gguf, "GGUFReader", once(gguf.GGUFReader))
 
 
 @pytest.mark.parametrize("name", list(CONVERTER_FIXTURES))

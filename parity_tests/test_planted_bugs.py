@@ -3,7 +3,9 @@ at float32 and bfloat16, naming the step where it first shows; every correct mod
 bfloat16 and float16, streamed and not. The suite prints the verdict matrix at its end (conftest.py).
 
 One reference run per family and dtype serves every bug: transformers in float64 (the truth) and at
-the dtype, on the fixed inputs; each bug then costs one run of our model.
+the dtype, on the fixed inputs; each bug then costs one run of our model. The truth is made once per
+family for both dtypes and for verify's runs of the correct model (conftest's shared_references: the same
+model, taps and inputs), and each bug's exact effect (float64, independent of the dtype) once per family.
 """
 
 from __future__ import annotations
@@ -17,11 +19,11 @@ import pytest
 import torch
 
 import gptconv
+import gptconv.parity.run as verify_run
 from gptconv.parity.run import verify_inputs
 from gptconv.families import family_of
 from gptconv.loader import open_source
 from gptconv.parity.compare import TRUTH, compare, our_steps, sum_sq_diff
-from gptconv.parity.hf_reference import reference_steps, transformers_model
 from planted_bugs import BUGS, Case
 
 LENGTH = 48  # past every fixture's window (16, 20)
@@ -58,15 +60,18 @@ _REFERENCES: dict[tuple[str, str], tuple] = {}
 
 
 def references(request, family: str, dtype: str):
-    """(source, inputs, truth steps, the reference's steps at dtype) per input, made once per module."""
+    """(source, inputs, truth steps, the reference's steps at dtype) per input, made once per module.
+    Through verify's own names for the reference, so that with shared_references (every test here asks
+    for it) the float64 truth is built and run once per family, for both dtypes and for verify."""
     key = (family, dtype)
     if key not in _REFERENCES:
         src = open_source(str(_folder(request, family)))
         inputs = verify_inputs(src, LENGTH, 0)
         runs = []
         for dt in (TRUTH, DTYPES[dtype]):
-            hf = transformers_model(src, dt)
-            runs.append({n: reference_steps(hf, family_of(src.config).hf_steps, src.config.n_layers, ids) for n, ids in inputs.items()})
+            hf = verify_run.transformers_model(src, dt)
+            runs.append({n: verify_run.reference_steps(hf, family_of(src.config).hf_steps, src.config.n_layers, ids)
+                         for n, ids in inputs.items()})
             del hf
         _REFERENCES[key] = (src, inputs, *runs)
     return _REFERENCES[key]
@@ -80,11 +85,28 @@ def record(row: dict) -> None:
             f.write(json.dumps(row) + "\n")
 
 
-def _effects(model64, inputs, steps: set[str], bug, case) -> dict[str, float]:
-    """The bug's exact effect per step: RMS(ours with the bug − ours without), both in float64."""
+_EFFECTS: dict[tuple[str, frozenset], tuple] = {}
+
+
+def effects(family: str, src, inputs, steps: set[str], bug, case) -> dict[str, float]:
+    """``_effects`` of each bug on a family made once per module: it is in float64 on the fixed inputs,
+    the same at every dtype; our float64 model's clean run is made once per family, not once per bug."""
+    key = (family, frozenset(steps))
+    if key not in _EFFECTS:
+        model64 = gptconv.load(src.path).double()
+        _EFFECTS[key] = (model64, {n: our_steps(model64, ids, steps) for n, ids in inputs.items()}, {})
+    model64, clean, made = _EFFECTS[key]
+    if bug.name not in made:
+        made[bug.name] = _effects(model64, inputs, clean, steps, bug, case)
+    return made[bug.name]
+
+
+def _effects(model64, inputs, clean_runs, steps: set[str], bug, case) -> dict[str, float]:
+    """The bug's exact effect per step: RMS(ours with the bug − ours without), both in float64
+    (``clean_runs``: ours without, per input)."""
     sums: dict[str, list[float]] = {}
-    for ids in inputs.values():
-        clean = our_steps(model64, ids, steps)
+    for n, ids in inputs.items():
+        clean = clean_runs[n]
         with bug.plant(model64, case):
             buggy = our_steps(model64, ids, steps)
         for step, t in clean.items():
@@ -96,7 +118,7 @@ def _effects(model64, inputs, steps: set[str], bug, case) -> dict[str, float]:
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("family", CASES)
-def test_every_planted_bug_fails_where_it_first_shows(request, family, dtype):
+def test_every_planted_bug_fails_where_it_first_shows(request, shared_references, family, dtype):
     """At float32 every bug fails, first at the step stated for it. At bfloat16 every bug whose exact
     effect (measured in float64) exceeds what the verdict allows for bfloat16 rounding at some step
     fails, first at the first such step; a bug smaller than that everywhere is below bfloat16's
@@ -105,7 +127,6 @@ def test_every_planted_bug_fails_where_it_first_shows(request, family, dtype):
     src, inputs, truth, own = references(request, family, dtype)
     case = CASES[family][1]
     model = gptconv.load(src.path, dtype=dtype)
-    model64 = gptconv.load(src.path).double()
     clean = compare(model, inputs, lambda n, ids: truth[n], family, "transformers", lambda n, ids: own[n])
     assert clean.passed, (clean.first_divergent_step, clean.notes)
     allowed = {s.name: s.allowed for s in clean.steps}
@@ -114,7 +135,7 @@ def test_every_planted_bug_fails_where_it_first_shows(request, family, dtype):
         if not bug.applies(case, model):
             continue
         stated = bug.first(case, model)
-        effect = _effects(model64, inputs, set(allowed), bug, case)
+        effect = effects(family, src, inputs, set(allowed), bug, case)
         visible = next((s.name for s in clean.steps if effect[s.name] > allowed[s.name]), None)  # trace order
         with bug.plant(model, case):
             report = compare(model, inputs, lambda n, ids: truth[n], family, "transformers", lambda n, ids: own[n])
@@ -138,7 +159,7 @@ def test_every_planted_bug_fails_where_it_first_shows(request, family, dtype):
 @pytest.mark.parametrize("streamed", [False, True], ids=["whole", "streamed"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 @pytest.mark.parametrize("family", CASES)
-def test_the_correct_model_passes(request, family, dtype, streamed):
+def test_the_correct_model_passes(request, shared_references, family, dtype, streamed):
     if family == "mixtral" and streamed:  # transformers 5 saves Mixtral's experts one by one (w1/w2/w3) and
         # runs them fused (gate_up_proj): its model cannot be filled block by block from such a file
         with pytest.raises(gptconv.GptconvError, match="cannot stream it; verify with --no-stream"):

@@ -26,7 +26,7 @@ def test_both_converters_write_qwen2_unpermuted(converter_fixtures, theirs, tmp_
     assert model.config.qkv_bias and not model.config.o_bias
 
 
-def test_reading_it_with_the_llama_permutation_fails_at_block_0(theirs, monkeypatch):
+def test_reading_it_with_the_llama_permutation_fails_at_block_0(theirs, parsed_once, monkeypatch):
     """The check can fail: read with the llama architecture's Q/K permutation, the model diverges at once."""
     import dataclasses
 
