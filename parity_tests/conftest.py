@@ -8,6 +8,9 @@ import pytest
 
 # Nothing in the suite may reach the network; the Hub tests point HF_ENDPOINT at loopback.
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+# a GGML_ASSERT in llama.cpp aborts the process; its backtrace forks a debugger that can leave an xdist worker
+# waiting for ever: without it, a test that makes llama.cpp abort fails at once
+os.environ.setdefault("GGML_NO_BACKTRACE", "1")
 
 from fixtures import (FAMILY_SHAPES, LLAMA_SHAPES, legacy_rope_config, make_family, make_gpt2, make_llama,  # noqa: E402
                       resave_as_bin, resave_sharded)

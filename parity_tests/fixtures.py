@@ -338,7 +338,7 @@ WRAPPER_FIXTURES = {
     # (transformers reads its tokenizer as Qwen2's, whose pre-tokenizer is the only one llama.cpp's converter
     # then recognises)
     "qwen3_5": ("qwen2", dict(
-        text_config=dict(**{**_TEXT, "num_hidden_layers": 4}, vocab_size=151936, linear_num_key_heads=2,
+        text_config=dict(**{**_TEXT, "num_hidden_layers": 4, "head_dim": 32}, vocab_size=151936, linear_num_key_heads=2,
                          linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
                          bos_token_id=151643, eos_token_id=151645),
         vision_config=dict(hidden_size=32, intermediate_size=64, depth=1, num_heads=2, out_hidden_size=64,

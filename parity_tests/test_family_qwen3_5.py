@@ -100,3 +100,16 @@ def test_our_gguf_verifies_against_transformers_gguf_reader(ours_gguf):
     reference is then transformers' own reading of our file."""
     report = gptconv.verify(str(ours_gguf), length=48)
     assert report.passed, (report.first_divergent_step, report.notes)
+
+
+def test_a_head_narrower_than_llama_cpps_mrope_sections_is_not_exported():
+    """llama.cpp's qwen35 rotates M-RoPE sections of 32 dimensions and aborts the process on a narrower head
+    (a GGML_ASSERT, found by a 16-wide fixture): our export refuses such a model in one line."""
+    from dataclasses import replace
+
+    from gptconv.convert.gguf_hybrid import add_mrope_sections
+    from gptconv.errors import GptconvError
+    from gptconv.models import PRESETS as ALL
+    narrow = replace(ALL["qwen3.5-0.8b"], head_dim=16, rope_dim=4)
+    with pytest.raises(GptconvError, match="more than this model's head_dim 16"):
+        add_mrope_sections(None, narrow, "qwen35")

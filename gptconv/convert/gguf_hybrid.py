@@ -33,6 +33,15 @@ from .keymap import Fused, KeyMap, Map, Rule, Tied, Transform
 MROPE_SECTIONS = [11, 11, 10, 0]  # llama.cpp's qwen35 requires them; for text any sections are plain RoPE
 
 
+def add_mrope_sections(w: Any, c: LlamaConfig, arch: str) -> None:
+    """The M-RoPE sections llama.cpp's qwen35 requires (the converter's default): llama.cpp asserts (and
+    aborts the process) when they add up to more than head_dim, so such a model is refused."""
+    if sum(MROPE_SECTIONS) > c.head_dim:
+        raise GptconvError(f"llama.cpp's {arch} rotates M-RoPE sections of {sum(MROPE_SECTIONS)} dimensions, more than "
+                           f"this model's head_dim {c.head_dim} (it would abort); not exported")
+    w.add_rope_dimension_sections(MROPE_SECTIONS)
+
+
 def _tile(t: torch.Tensor, c: LlamaConfig, width: int, dim: int, inverse: bool = False) -> torch.Tensor:
     """Value heads (blocks of ``width`` along ``dim``) from grouped by key head to tiled (``inverse``: back)."""
     s = c.linear_attention

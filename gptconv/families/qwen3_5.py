@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..convert.gguf_hybrid import MROPE_SECTIONS, add_hybrid_hparams, hybrid_config_from_gguf, hybrid_gguf_keymap
+from ..convert.gguf_hybrid import add_hybrid_hparams, add_mrope_sections, hybrid_config_from_gguf, hybrid_gguf_keymap
 from ..convert.hf_config import ConfigFields
 from ..convert.hf_decoder import DECODER_HF_STEPS, MLP, NORMS, decoder_config_to_hf, decoder_hf_keymap, describe_decoder
 from ..convert.hf_hybrid import (GATED_ATTENTION, GATED_Q, LINEAR_ATTENTION, LINEAR_CONV, MTP, hybrid_config_from_hf,
@@ -56,7 +56,7 @@ def hf_keymap(c: LlamaConfig):
 
 def gguf_metadata(w: Any, c: LlamaConfig) -> None:
     add_hybrid_hparams(w, c, "qwen35", has=_HAS)
-    w.add_rope_dimension_sections(MROPE_SECTIONS)
+    add_mrope_sections(w, c, "qwen35")
 
 
 FAMILY = Family(

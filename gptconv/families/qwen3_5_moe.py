@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..convert.gguf_hybrid import MROPE_SECTIONS, add_hybrid_hparams, hybrid_config_from_gguf, hybrid_gguf_keymap
+from ..convert.gguf_hybrid import add_hybrid_hparams, add_mrope_sections, hybrid_config_from_gguf, hybrid_gguf_keymap
 from ..convert.hf_config import ConfigFields
 from ..convert.hf_decoder import (DECODER_HF_STEPS, EXPERT_ROWS, NORMS, decoder_config_to_hf, decoder_hf_keymap,
                                   describe_decoder, fused_experts)
@@ -67,7 +67,7 @@ def config_from_gguf(f: Any, tensors: dict) -> LlamaConfig:
 
 def gguf_metadata(w: Any, c: LlamaConfig) -> None:
     add_hybrid_hparams(w, c, "qwen35moe", has=HAS, feed_forward=False)
-    w.add_rope_dimension_sections(MROPE_SECTIONS)
+    add_mrope_sections(w, c, "qwen35moe")
 
 
 FAMILY = Family(
