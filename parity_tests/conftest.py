@@ -5,6 +5,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
+import torch
 
 # Nothing in the suite may reach the network; the Hub tests point HF_ENDPOINT at loopback.
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
@@ -121,6 +122,10 @@ def converter_fixtures(tmp_path_factory, smollm2) -> Mapping[str, Path]:
 # The planted-bug catalog's verdict matrix (test_planted_bugs.py): each worker appends its rows to a
 # file in one folder, and the controlling process prints the matrix at the end of the run.
 def pytest_configure(config):
+    if hasattr(config, "workerinput"):
+        # each xdist worker computes on one thread: two workers on two cores, none spinning for the other's
+        # core (measured: four family files 105 → 93 s); a test that wants more threads sets them itself
+        torch.set_num_threads(1)
     if not hasattr(config, "workerinput") and "GPTCONV_PLANTED_DIR" not in os.environ:
         import tempfile
         os.environ["GPTCONV_PLANTED_DIR"] = config._planted_dir = tempfile.mkdtemp(prefix="gptconv-planted-")

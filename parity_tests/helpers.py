@@ -10,9 +10,11 @@ import torch
 
 
 def hf_model(folder: Path, dtype: torch.dtype = torch.float32):
+    """transformers' model of ``folder``, eager attention; in float64 eager experts too (its grouped product
+    has no float64), elsewhere its default experts, as every other transformers model here is built."""
     from transformers import AutoModelForCausalLM
-    return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="eager",
-                                                experts_implementation="eager").eval()
+    experts = {"experts_implementation": "eager"} if dtype == torch.float64 else {}
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="eager", **experts).eval()
 
 
 def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import torch
 
-import gptconv
 from family_battery import *  # noqa: F401,F403 — the battery, collected here against this checkpoint
 
 ARCH = "qwen3_5_moe_text"

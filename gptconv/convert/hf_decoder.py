@@ -314,8 +314,8 @@ def _experts_gate_up(config: LlamaConfig) -> Fuse:
 
 # the router and each expert's SwiGLU, as the files store them (the router is mlp.gate in both layouts)
 EXPERT_ROWS = [("mlp.gate.weight", "mlp.router.weight"),
-        *((f"mlp.experts.{{j}}.{n}_proj.weight", f"mlp.experts.{{j}}.{n}.weight") for n in ("gate", "up", "down"))]
-
+               *((f"mlp.experts.{{j}}.{n}_proj.weight", f"mlp.experts.{{j}}.{n}.weight")
+                 for n in ("gate", "up", "down"))]
 
 
 def experts_from_hf(f: ConfigFields) -> dict[str, Any]:
@@ -335,7 +335,6 @@ def experts_from_hf(f: ConfigFields) -> dict[str, Any]:
                 n_experts_used=f.positive("num_experts_per_tok", 8),
                 moe_d_ff=f.positive("moe_intermediate_size", 768), norm_topk_prob=f.bool("norm_topk_prob", False),
                 moe_layers=tuple(i not in dense and (i + 1) % step == 0 for i in range(n)))
-
 
 
 def fused_experts(config: LlamaConfig) -> list[Rule]:
