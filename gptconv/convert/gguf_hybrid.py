@@ -69,9 +69,10 @@ _V = lambda c: c.linear_attention.v_dim  # noqa: E731
 _ONE = lambda c: 1  # noqa: E731
 _QK = lambda c: 2 * c.linear_attention.k_heads * c.linear_attention.k_dim  # noqa: E731
 # the decay rate: GGUF −exp(A_log), ours A_log (the log taken in float64, rounded once)
+_PER_HEAD = _tiled("tiled", _ONE)  # one value per value head (β's and the decay's inputs, dt_bias, A_log)
 _RATE = Transform("-exp", lambda t, c: torch.log(-t.double()).to(t.dtype), lambda t, c: -torch.exp(t))
-_TILED_RATE = Transform("-exp, tiled", lambda t, c: _RATE.forward(_tiled("", _ONE).forward(t, c), c),
-                        lambda t, c: _tiled("", _ONE).inverse(_RATE.inverse(t, c), c))
+_TILED_RATE = Transform("-exp, tiled", lambda t, c: _RATE.forward(_PER_HEAD.forward(t, c), c),
+                        lambda t, c: _PER_HEAD.inverse(_RATE.inverse(t, c), c))
 
 
 def _linear_rows(tiled: bool) -> list[Rule]:
@@ -83,13 +84,13 @@ def _linear_rows(tiled: bool) -> list[Rule]:
     rows = [row(T.ATTN_QKV, "weight", "in_qkv.weight", _tiled("v rows tiled", _V, after=_QK) if t else None),
             row(T.ATTN_GATE, "weight", "in_z.weight", _tiled("tiled", _V) if t else None),
             row(T.SSM_A, "", "A_log", _TILED_RATE if t else _RATE),
-            row(T.SSM_DT, "bias", "dt_bias", _tiled("tiled", _ONE) if t else None),
+            row(T.SSM_DT, "bias", "dt_bias", _PER_HEAD if t else None),
             row(T.SSM_CONV1D, "weight", "conv.weight", _tiled("v channels tiled", _V, after=_QK) if t else None),
             row(T.SSM_NORM, "weight", "norm.weight", None),
             row(T.SSM_OUT, "weight", "out.weight", _tiled("columns tiled", _V, dim=1) if t else None)]
     if tiled:
-        return rows + [row(T.SSM_BETA, "weight", "in_b.weight", _tiled("tiled", _ONE)),
-                       row(T.SSM_ALPHA, "weight", "in_a.weight", _tiled("tiled", _ONE))]
+        return rows + [row(T.SSM_BETA, "weight", "in_b.weight", _PER_HEAD),
+                       row(T.SSM_ALPHA, "weight", "in_a.weight", _PER_HEAD)]
     per_key_head = lambda c: (c.linear_attention.k_heads, [c.linear_attention.v_heads // c.linear_attention.k_heads] * 2)  # noqa: E731
     return rows + [Fused(gguf_name(T.SSM_BETA_ALPHA), ["blocks.{i}.attn.in_b.weight", "blocks.{i}.attn.in_a.weight"],
                          per_head("b, a per key head", per_key_head))]
