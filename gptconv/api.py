@@ -42,7 +42,8 @@ class PullSummary(Result):
     wrapper: str | None
     left_out: list[str]
     left_out_what: str
-    dropped: list[str]  # tensors the key map drops on purpose, each by a named rule (MTP layers, RoPE buffers)
+    dropped: list[str]  # tensors the key map drops on purpose, each by a named rule (RoPE buffers)
+    held: list[str]  # tensors held in the model, not run by the trace (MTP layers): export writes them back
 
 
 def pull(source: str, revision: str | None = None) -> PullSummary:
@@ -54,6 +55,7 @@ def pull(source: str, revision: str | None = None) -> PullSummary:
         source, src.repo_id, src.path, src.arch, sum(p.numel() for p in model.parameters()), dict(dtypes),
         [(f.name, f.stat().st_size) for f in src.files], src.config.context_length, src.layout,
         src.wrapper, src.left_out, BY_WRAPPER[src.wrapper][1].left_out_what if src.wrapper else "", src.dropped,
+        src.held,
     )
 
 

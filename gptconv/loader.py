@@ -20,6 +20,7 @@ from .sources.hf_folder import open_hf_folder
 from .sources.gguf_file import GGUFFile, open_gguf
 from .sources.hub import fetch, repo_id_for
 from .devices import parse_device
+from .layers.mtp import HELD
 from .errors import GptconvError
 from .sources.files import UNLIMITED, regular_file
 from .models import build_empty
@@ -54,6 +55,7 @@ class Source:
     gguf: GGUFFile | None = None
     layout: str = ""  # which key layout the tensors came in, set by the strict load
     dropped: list[str] = field(default_factory=list)  # tensors the key map drops by a named rule, set by it too
+    held: list[str] = field(default_factory=list)  # tensors held, not run (MTP layers), set by it too
     # a multimodal checkpoint's text model: the wrapper's model_type, and the tensors left out of the
     # text model by the wrapper's rule (the vision tower, the projector), by their names in the file
     wrapper: str | None = None
@@ -98,7 +100,7 @@ def open_source(source: str | Path, revision: str | None = None, prefer_cache: b
     if ckpt.model_type in BY_WRAPPER:
         return _text_model_of(str(source), path, repo_id, ckpt)
     family = for_hf(ckpt.model_type, path / "config.json")
-    config = family.config_from_hf(ckpt.config, path / "config.json")
+    config = family.config_from_hf_tensors(family.config_from_hf(ckpt.config, path / "config.json"), ckpt.tensors)
     stored = {k: str(t.dtype).removeprefix("torch.") for k, t in ckpt.tensors.items()}
     return Source(str(source), path, repo_id, "hf", config, family.hf_keymap(config), ckpt.tensors,
                   ckpt.weight_files, stored, hf_config=ckpt.config)
@@ -133,6 +135,7 @@ def _text_model_of(name: str, path: Path, repo_id: str | None, ckpt) -> Source:
     if not any(k.startswith("model.") for k in tensors):
         under = " or ".join(p for p, _ in wrapper.text_prefixes)
         raise GptconvError(f"{path}: no tensor of the text model under {under}")
+    config = family.config_from_hf_tensors(config, tensors)
     stored = {k: str(t.dtype).removeprefix("torch.") for k, t in tensors.items()}
     return Source(name, path, repo_id, "hf", config, family.hf_keymap(config), tensors, ckpt.weight_files, stored,
                   hf_config=text, wrapper=wrapper.model_type, left_out=left_out)
@@ -147,11 +150,15 @@ def load_source(src: Source, dtype: str | torch.dtype = torch.float32, device: s
     model = build_empty(src.config)
     plan = src.plan(model_shapes(model))
     src.layout, src.dropped = plan.layout, list(plan.dropped)
+    src.held = list(dict.fromkeys(key for key, target, _ in plan.moves if target.startswith(HELD)))
     if blockwise:
         if device.type != "cpu":
             raise GptconvError(f"{src.name}: a model run one block at a time runs on the CPU, not {device}")
         from .parity.streaming import fill_blockwise
-        model = fill_blockwise(model, [f"blocks.{i}" for i in range(src.config.n_layers)],
+        blocks = [f"blocks.{i}" for i in range(src.config.n_layers)]
+        if getattr(model, "mtp", None) is not None:
+            blocks.append("mtp")  # held, not run: its weights are never read
+        model = fill_blockwise(model, blocks,
                               lambda name: plan.tensor(name, dtype))
     else:  # each tensor to the device as it is read: no CPU copy of the model (on the CPU, the mapped file)
         model.load_state_dict({name: t.to(device) for name, t in plan.tensors(dtype)}, strict=True, assign=True)

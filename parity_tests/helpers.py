@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -43,6 +44,29 @@ def edited_copy(src: Path, dst: Path, edit: Callable[[dict], None]) -> Path:
     edit(state)
     save_file(state, str(dst / "model.safetensors"), metadata={"format": "pt"})
     return dst
+
+
+def with_mtp_layer(ckpt: Path, folder: Path, where: str = "mtp.", config_key: bool = True) -> Path:
+    """A Qwen hybrid ``ckpt`` with one MTP layer as released files have it: a full-attention layer (layer 3's
+    tensors, moved off them so that the two cannot be taken for each other), ``fc`` over [e; h] and three norms
+    (about 0: 1 + w), every value a bfloat16 one (GGUF's 1 + w then reads back exactly); config.json says
+    ``mtp_num_hidden_layers`` where ``config_key`` (Qwen3.5's do, Qwen3-Next's do not)."""
+    g = torch.Generator().manual_seed(7)
+
+    def add_mtp(state):
+        d = state["model.embed_tokens.weight"].shape[1]
+        for key in [k for k in state if k.startswith("model.layers.3.")]:
+            t = state[key]
+            state[f"{where}layers.0.{key.removeprefix('model.layers.3.')}"] = (
+                t + 0.05 * torch.randn(t.shape, generator=g)).bfloat16().to(t.dtype)
+        state[f"{where}fc.weight"] = (0.2 * torch.randn(d, 2 * d, generator=g)).bfloat16().float()
+        for n in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+            state[f"{where}{n}.weight"] = (0.1 * torch.randn(d, generator=g)).bfloat16().float()
+    edited_copy(ckpt, folder, add_mtp)
+    if config_key:
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**config, "mtp_num_hidden_layers": 1}))
+    return folder
 
 
 def swap(a: str, b: str) -> Callable[[dict], None]:

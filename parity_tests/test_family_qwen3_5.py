@@ -6,6 +6,9 @@ checkpoint's context (160) is past two chunks (64) of the rule's prompt form."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -15,7 +18,10 @@ from family_battery import plant
 from gptconv.convert.keymap import model_shapes
 from gptconv.layers import linear_attention
 from gptconv.models import build_empty
-from helpers import run_cli
+import llama_cpp_tools
+from gptconv.api import export
+from gptconv.loader import load_source
+from helpers import run_cli, with_mtp_layer
 
 ARCH = "qwen3_5_text"
 VOCAB = "gpt-2"  # Qwen3.5's own has 248,320 tokens; llama.cpp's converter reads GPT-2's as BPE
@@ -73,26 +79,67 @@ def test_norms_scaling_by_w_not_1_plus_w_fail_verify(ckpt, monkeypatch):
     assert not report.passed and report.first_divergent_step.startswith("block.0"), report.first_divergent_step
 
 
-@pytest.mark.parametrize("where", ["mtp.", "model.mtp."])
-def test_the_multi_token_prediction_layers_are_dropped_by_name(ckpt, tmp_path, where):
-    """Released files carry a draft layer for speculative decoding (``mtp.*``): each tensor is accounted for
-    by a named rule, listed as dropped, and the model is the same."""
-    from helpers import edited_copy
-    c = gptconv.open_source(ckpt).config
+@pytest.fixture(scope="module")
+def mtp_ckpt(ckpt):
+    return with_mtp_layer(ckpt, ckpt.parent / "mtp")
 
-    def add_mtp(state):
-        state[f"{where}fc.weight"] = torch.zeros(c.d_model, 2 * c.d_model)
-        state[f"{where}pre_fc_norm_embedding.weight"] = torch.zeros(c.d_model)
-        state[f"{where}layers.0.self_attn.q_proj.weight"] = torch.zeros(2 * c.n_heads * c.head_dim, c.d_model)
-        state[f"{where}layers.0.mlp.gate_proj.weight"] = torch.zeros(c.d_ff, c.d_model)
-    folder = edited_copy(ckpt, tmp_path / "mtp", add_mtp)
+
+@pytest.mark.parametrize("where", ["mtp.", "model.mtp."])
+def test_the_multi_token_prediction_layers_are_held_not_run(ckpt, mtp_ckpt, tmp_path, where):
+    """Released files carry a draft layer for speculative decoding (``mtp.*``, some ``model.mtp.*``): the model
+    holds every tensor of it (its count from the tensors), the trace does not run it, pull lists it."""
+    folder = mtp_ckpt if where == "mtp." else with_mtp_layer(ckpt, tmp_path / "mtp", where)
     src = gptconv.open_source(folder)
-    plan = src.plan(model_shapes(build_empty(src.config)))
-    assert sorted(plan.dropped) == sorted(k for k in src.tensors if k.startswith(where))
-    a, b = gptconv.load(folder).state_dict(), gptconv.load(ckpt).state_dict()
-    assert all(a[k].equal(b[k]) for k in b)
+    assert src.config.mtp_layers == 1
+    model, trunk = load_source(src), gptconv.load(ckpt)
+    file = {k: t.load() for k, t in src.tensors.items() if k.startswith(where)}
+    ours = {k: v for k, v in model.state_dict().items() if k.startswith("mtp.")}
+    assert len(ours) == 16 and len(file) == 15 and sorted(src.held) == sorted(file)  # q_proj: q and the gate
+    assert ours["mtp.fc.weight"].equal(file[f"{where}fc.weight"])
+    assert ours["mtp.enorm.weight"].equal(file[f"{where}pre_fc_norm_embedding.weight"])
+    assert ours["mtp.layers.0.attn.gate.weight"].equal(file[f"{where}layers.0.self_attn.q_proj.weight"].view(
+        4, 2, 32, 64)[:, 1].reshape(128, 64))
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    with torch.no_grad():
+        assert model(ids).equal(trunk(ids))
     r = run_cli("pull", folder)
-    assert r.returncode == 0 and f"dropped       4 tensors by named rules" in r.stdout and f"{where}fc.weight" in r.stdout
+    assert r.returncode == 0 and "held          15 tensors of the multi-token-prediction layers" in r.stdout, r.stdout
+
+
+def test_a_config_naming_mtp_layers_the_file_lacks_loads_without_them(ckpt, tmp_path):
+    """A transformers save keeps config.json's ``mtp_num_hidden_layers`` but not the layers: the tensors decide."""
+    import shutil
+    folder = shutil.copytree(ckpt, tmp_path / "resaved")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "mtp_num_hidden_layers": 1}))
+    assert gptconv.open_source(folder).config.mtp_layers == 0 and gptconv.pull(str(folder)).held == []
+
+
+def test_mtp_layers_export_as_llama_cpps_converter_writes_them(mtp_ckpt, tmp_path):
+    """GGUF: the MTP layer as block 4 and ``blk.4.nextn.*``, equal to the converter's file (without --no-mtp)
+    tensor for tensor; both read back to the folder's weights; llama.cpp runs the file. HF export writes
+    ``mtp.*`` back bit for bit, with ``mtp_num_hidden_layers``."""
+    from safetensors import safe_open
+    ours = export(str(mtp_ckpt), tmp_path / "ours.gguf", "gguf", "f32").out
+    theirs = llama_cpp_tools.convert(mtp_ckpt, tmp_path / "theirs.gguf", "f32")
+    keys, tensors = llama_cpp_tools.differences(ours, theirs)
+    assert tensors == [] and set(keys) <= {"general.name"}, (keys, tensors)
+    assert "blk.4.nextn.eh_proj.weight" in gptconv.open_source(theirs).tensors
+    folder = gptconv.load(mtp_ckpt).state_dict()
+    for gguf in (ours, theirs):
+        back = gptconv.load(gguf).state_dict()
+        assert back.keys() == folder.keys()
+        for k, v in folder.items():
+            assert (back[k].equal(v) if not k.endswith("A_log") else
+                    torch.allclose(back[k].exp(), v.exp(), rtol=2**-22, atol=0)), (gguf.name, k)
+    report = gptconv.verify(str(ours), against="llama.cpp", length=48)
+    assert report.passed, (report.first_divergent_step, report.notes)
+    hf = Path(export(str(mtp_ckpt), tmp_path / "hf", "safetensors").out)
+    assert json.loads((hf / "config.json").read_text())["mtp_num_hidden_layers"] == 1
+    with safe_open(mtp_ckpt / "model.safetensors", "pt") as a, safe_open(hf / "model.safetensors", "pt") as b:
+        released = sorted(k for k in a.keys() if k.startswith("mtp."))
+        assert released == sorted(k for k in b.keys() if k.startswith("mtp."))
+        assert all(a.get_tensor(k).equal(b.get_tensor(k)) for k in released)
 
 
 def test_our_gguf_verifies_against_transformers_gguf_reader(ours_gguf):

@@ -55,3 +55,23 @@ def test_transformers_cannot_read_qwen3next_gguf_and_verify_says_so_in_one_line(
     r = run_cli("verify", ours_gguf, "--length", "16")
     assert r.returncode != 0 and r.stderr.strip().count("\n") == 0, r.stderr
     assert "transformers cannot read this GGUF file" in r.stderr and "--against llama.cpp" in r.stderr
+
+
+def test_an_mtp_layer_of_experts_exports_as_llama_cpps_converter_writes_it(ckpt, tmp_path):
+    """Qwen3-Next's MTP layer routes to experts too, and its config.json has no ``mtp_num_hidden_layers`` (the
+    converter counts the layers from the tensors, as we do): block 4 and ``blk.4.nextn.*``, equal to the
+    converter's file tensor for tensor, read back to the folder's weights; HF export writes ``mtp.*`` back."""
+    import llama_cpp_tools
+    from gptconv.api import export
+    from helpers import with_mtp_layer
+    folder = with_mtp_layer(ckpt, tmp_path / "mtp", config_key=False)
+    model = gptconv.load(folder)
+    assert model.config.mtp_layers == 1 and len(model.mtp.layers[0].mlp.experts) == 4
+    ours = export(str(folder), tmp_path / "ours.gguf", "gguf", "f32").out
+    keys, tensors = llama_cpp_tools.differences(ours, llama_cpp_tools.convert(folder, tmp_path / "theirs.gguf", "f32"))
+    assert tensors == [] and set(keys) <= {"general.name"}, (keys, tensors)
+    back, state = gptconv.load(ours).state_dict(), model.state_dict()
+    assert back.keys() == state.keys()
+    assert all(back[k].equal(v) for k, v in state.items() if k.startswith("mtp."))
+    hf = gptconv.load(export(str(folder), tmp_path / "hf", "safetensors").out).state_dict()
+    assert all(hf[k].equal(v) for k, v in state.items() if k.startswith("mtp."))

@@ -31,6 +31,10 @@ def pull_summary(s) -> None:
     if s.dropped:
         shown = ", ".join(s.dropped[:3]) + (f", … ({len(s.dropped) - 3} more)" if len(s.dropped) > 3 else "")
         click.echo(f"dropped       {len(s.dropped)} tensors by named rules of the key table, unused by the trace: {shown}")
+    if s.held:
+        shown = ", ".join(s.held[:3]) + (f", … ({len(s.held) - 3} more)" if len(s.held) > 3 else "")
+        click.echo(f"held          {len(s.held)} tensors of the multi-token-prediction layers (a draft head): loaded "
+                   f"and written back on export, not run by the trace: {shown}")
     click.echo(f"folder        {s.folder}")
     for name, size in s.files:
         click.echo(f"  {name:<40} {_bytes(size):>10}")

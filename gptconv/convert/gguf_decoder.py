@@ -220,7 +220,7 @@ def add_decoder_hparams(w: Any, cfg: LlamaConfig, *, vocab_size: bool = False, r
     w.add_embedding_length(cfg.d_model)
     if feed_forward:
         w.add_feed_forward_length(cfg.d_ff)
-    w.add_block_count(cfg.n_layers)
+    w.add_block_count(cfg.n_layers + cfg.mtp_layers)  # llama.cpp's MTP layers are blocks after the model's
     w.add_head_count(cfg.n_heads)
     if vocab_size:
         w.add_vocab_size(cfg.vocab_size)

@@ -29,6 +29,7 @@ from .gguf_decoder import (EXPERTS, NORM_PLUS_ONE, add_decoder_hparams, add_key_
 from .gguf_meta import T, gguf_name
 from .hf_hybrid import per_head
 from .keymap import Fused, KeyMap, Map, Rule, Tied, Transform
+from .mtp import mtp_gguf_rows
 
 MROPE_SECTIONS = [11, 11, 10, 0]  # llama.cpp's qwen35 requires them; for text any sections are plain RoPE
 
@@ -109,8 +110,7 @@ def hybrid_gguf_keymap(c: LlamaConfig, arch: str, tiled: bool) -> KeyMap:
            [Map(gguf_name(src), f"blocks.{{i}}.mlp.{dst}.weight")
             for src, dst in ((T.FFN_GATE, "gate"), (T.FFN_UP, "up"), (T.FFN_DOWN, "down"))])
     q_and_gate = per_head("q and gate per head", lambda c: (c.n_heads, [c.head_dim, c.head_dim]))
-    return KeyMap(f"{arch} (GGUF)", [
-        Map(gguf_name(T.TOKEN_EMBD), "tok_emb.weight"),
+    layers = [
         plus_one(T.ATTN_NORM, "blocks.{i}.norm1.weight"), plus_one(T.ATTN_POST_NORM, "blocks.{i}.norm2.weight"),
         Fused(gguf_name(T.ATTN_Q), ["blocks.{i}.attn.q.weight", "blocks.{i}.attn.gate.weight"], q_and_gate),
         *(Map(gguf_name(src), f"blocks.{{i}}.attn.{dst}.weight") for src, dst in ((T.ATTN_K, "k"), (T.ATTN_V, "v"),
@@ -118,24 +118,32 @@ def hybrid_gguf_keymap(c: LlamaConfig, arch: str, tiled: bool) -> KeyMap:
         plus_one(T.ATTN_Q_NORM, "blocks.{i}.attn.q_norm.weight"), plus_one(T.ATTN_K_NORM, "blocks.{i}.attn.k_norm.weight"),
         *_linear_rows(tiled),
         *mlp,
+    ]
+    return KeyMap(f"{arch} (GGUF)", [
+        Map(gguf_name(T.TOKEN_EMBD), "tok_emb.weight"),
+        *layers,
         plus_one(T.OUTPUT_NORM, "norm_f.weight"),
         Tied(gguf_name(T.OUTPUT), "tok_emb.weight") if c.tie_embeddings else Map(gguf_name(T.OUTPUT), "lm_head.weight"),
+        *mtp_gguf_rows(c.n_layers, c.mtp_layers, layers, NORM_PLUS_ONE),
     ])
 
 
 def hybrid_config_from_gguf(f: Any, tensors: dict, family: str, **specific: Any) -> LlamaConfig:
     """A Qwen hybrid's config: which layers are linear (``attention.recurrent_layers``, else every
     ``full_attention_interval``-th is full) and the linear layers' sizes from the ``ssm`` keys."""
-    n = f.get(Keys.LLM.BLOCK_COUNT, int)
-    nextn = f.get(Keys.LLM.NEXTN_PREDICT_LAYERS, int, 0)
-    if nextn:
-        raise where(f.path, f"{nextn} multi-token-prediction layers (nextn) are not supported: convert with --no-mtp")
+    blocks = f.get(Keys.LLM.BLOCK_COUNT, int)
+    nextn = f.get(Keys.LLM.NEXTN_PREDICT_LAYERS, int, 0)  # the last nextn blocks are MTP layers
+    if not 0 <= nextn < blocks:
+        raise where(f.path, f"nextn_predict_layers {nextn} leaves none of the {blocks} blocks to the model")
+    n = blocks - nextn
     recurrent = f.get("{arch}.attention.recurrent_layers", list, None)
     if recurrent is None:
         interval = f.get(Keys.LLM.FULL_ATTENTION_INTERVAL, int, 4)
         recurrent = [(i + 1) % interval != 0 for i in range(n)]
-    if len(recurrent) != n or not all(isinstance(r, bool) for r in recurrent):
-        raise where(f.path, f"attention.recurrent_layers must say for each of the {n} layers whether it is recurrent")
+    recurrent, mtp = recurrent[:n], recurrent[n:]
+    if len(recurrent) != n or any(mtp) or not all(isinstance(r, bool) for r in recurrent + mtp):
+        raise where(f.path, f"attention.recurrent_layers must say for each of the {n} layers whether it is recurrent"
+                            f"{f' (and False for its {nextn} MTP layers)' if nextn else ''}")
     v_heads = f.get(Keys.SSM.TIME_STEP_RANK, int)
     inner = f.get(Keys.SSM.INNER_SIZE, int)
     if v_heads <= 0 or inner % v_heads:
@@ -149,7 +157,7 @@ def hybrid_config_from_gguf(f: Any, tensors: dict, family: str, **specific: Any)
     return decoder_config_from_gguf(
         f, tensors, family, partial_rotary=True, qk_norm=True, offset_norms=True, attention_gate=True,
         layer_types=tuple(LINEAR if r else FULL for r in recurrent), linear_attention=shape, **experts_of(f),
-        **specific)
+        n_layers=n, mtp_layers=nextn, **specific)
 
 
 def add_hybrid_hparams(w: Any, c: LlamaConfig, arch: str, has: frozenset[str], feed_forward: bool = True) -> None:
@@ -166,12 +174,14 @@ def add_hybrid_hparams(w: Any, c: LlamaConfig, arch: str, has: frozenset[str], f
     if c.n_experts:
         w.add_expert_feed_forward_length(c.moe_d_ff or c.d_ff)
         w.add_expert_shared_feed_forward_length(c.shared_expert_d_ff)
+    if c.mtp_layers:
+        w.add_nextn_predict_layers(c.mtp_layers)
     w.add_ssm_conv_kernel(s.conv_kernel)
     w.add_ssm_state_size(s.k_dim)
     w.add_ssm_group_count(s.k_heads)
     w.add_ssm_time_step_rank(s.v_heads)
     w.add_ssm_inner_size(s.v_dim * s.v_heads)
-    w.add_array(f"{arch}.attention.recurrent_layers", [c.linear_at(i) for i in range(c.n_layers)])
+    w.add_array(f"{arch}.attention.recurrent_layers", [c.linear_at(i) for i in range(c.n_layers)] + [False] * c.mtp_layers)
     w.add_full_attention_interval(_interval(c))
     w.add_rope_dimension_count(c.rope_dim or c.head_dim)
 

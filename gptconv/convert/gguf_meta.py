@@ -28,7 +28,7 @@ def gguf_config(cls: type, f: Any, tensors: dict[str, TensorInfo], **specific: A
         return cls(vocab_size=vocab or tensors[gguf_name(T.TOKEN_EMBD)].shape[0],
                    context_length=f.get(Keys.LLM.CONTEXT_LENGTH, int),
                    d_model=f.get(Keys.LLM.EMBEDDING_LENGTH, int),
-                   n_layers=f.get(Keys.LLM.BLOCK_COUNT, int),
+                   n_layers=specific.pop("n_layers", None) or f.get(Keys.LLM.BLOCK_COUNT, int),  # less MTP blocks
                    n_heads=f.get(Keys.Attention.HEAD_COUNT, int),
                    bos_token_id=f.get(Keys.Tokenizer.BOS_ID, int, None),
                    eos_token_id=f.get(Keys.Tokenizer.EOS_ID, int, None),

@@ -16,6 +16,7 @@ from ..layers.rope import RopeScaling, llama3_from_factors
 from .gguf_decoder import PERMUTE_K, PERMUTE_Q
 from .hf_config import ConfigFields, build_config
 from .keymap import Drop, Fuse, Fused, KeyMap, Map, Rule, Stacked, Tied
+from .mtp import mtp_hf_rows
 
 # our step → transformers' module whose output it is
 DECODER_HF_STEPS = {"token_embedding": "model.embed_tokens", "block.{i}": "model.layers.{i}",
@@ -350,22 +351,25 @@ def fused_experts(config: LlamaConfig) -> list[Rule]:
 
 def decoder_hf_keymap(config: LlamaConfig, model_type: str, layer: list[tuple[str, str]], fused: list[Rule] = (),
                       fused_first: bool = False, extra: list[Rule] = (),
-                      final_norm: str = "model.norm.weight") -> KeyMap:
+                      final_norm: str = "model.norm.weight", mtp: bool = False) -> KeyMap:
     """HF names need no transform: HF's q/k rows are already in rotate-half order. Bias rows that the
     config does not enable are absent from the model, and so reported if a file has them. ``layer``:
     the (HF, ours) pairs under each layer; ``fused``: rows beyond a rename (tensors HF stores as one,
     rows reordered), listed after the plain rows (``fused_first``: before them, so that the inverse names those);
-    ``extra``: rows outside the layers (tensors dropped on purpose); ``final_norm``: the final norm's name."""
+    ``extra``: rows outside the layers (tensors dropped on purpose); ``final_norm``: the final norm's name;
+    ``mtp``: the family's files may hold multi-token-prediction layers (``convert/mtp.py``)."""
     head = (Tied("lm_head.weight", "tok_emb.weight") if config.tie_embeddings
             else Map("lm_head.weight", "lm_head.weight"))
     rows = [Map(f"model.layers.{{i}}.{src}", f"blocks.{{i}}.{dst}") for src, dst in layer]
+    layers = (list(fused) + rows) if fused_first else (rows + list(fused))
     return KeyMap(f"{model_type} (Hugging Face)", [
         Map("model.embed_tokens.weight", "tok_emb.weight"),
-        *((list(fused) + rows) if fused_first else (rows + list(fused))),
+        *layers,
         Map(final_norm, "norm_f.weight"),
         head,
         Drop("model.layers.{i}.self_attn.rotary_emb.inv_freq"),  # older files saved RoPE's buffer
         *extra,
+        *(mtp_hf_rows(layers) if mtp else []),
     ])
 
 
@@ -425,4 +429,6 @@ def describe_decoder(cfg: LlamaConfig) -> list[str]:
         extras.append("attention's output × sigmoid(gate(x)) before its projection")
     if cfg.offset_norms:
         extras.append("RMSNorms scale by 1 + w")
+    if cfg.mtp_layers:
+        extras.append(f"{cfg.mtp_layers} multi-token-prediction layer(s) (a draft head) held for export, not run")
     return lines + (["also: " + "; ".join(extras)] if extras else [])

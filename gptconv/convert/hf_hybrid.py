@@ -14,7 +14,7 @@ from ..layers.decoder import FULL, LINEAR, LlamaConfig
 from ..layers.linear_attention import DeltaNetShape
 from .hf_config import ConfigFields
 from .hf_decoder import decoder_config_from_hf
-from .keymap import Drop, Fuse, Fused, Map, Transform
+from .keymap import Fuse, Fused, Map, Transform
 
 # the depthwise convolution's weight: HF's nn.Conv1d holds (C, 1, kernel), ours (C, kernel)
 CONV = Transform("conv1d", lambda t, c: t.squeeze(1), lambda t, c: t.unsqueeze(1).contiguous(),
@@ -127,21 +127,11 @@ def hybrid_to_hf(c: LlamaConfig) -> dict[str, Any]:
     if s is not None:
         out.update(linear_num_key_heads=s.k_heads, linear_num_value_heads=s.v_heads, linear_key_head_dim=s.k_dim,
                    linear_value_head_dim=s.v_dim, linear_conv_kernel_dim=s.conv_kernel)
+    if c.mtp_layers:  # as the released configs say it (transformers keeps it, unread)
+        out["mtp_num_hidden_layers"] = c.mtp_layers
     return out
 
 
 # the gated full-attention layers' k, v, o and q/k norms (their q is ``GATED_Q``)
 GATED_ATTENTION = [(f"self_attn.{n}_proj.weight", f"attn.{n}.weight") for n in "kvo"] + [
     ("self_attn.q_norm.weight", "attn.q_norm.weight"), ("self_attn.k_norm.weight", "attn.k_norm.weight")]
-
-# The multi-token-prediction layers the Qwen hybrids ship (a draft head for speculative decoding, run by
-# no next-token trace): dropped on purpose, each by name, so that the ledger still accounts for them.
-_MTP_LAYER = ["input_layernorm.weight", "post_attention_layernorm.weight",
-              *(f"self_attn.{n}_proj.weight" for n in "qkvo"), "self_attn.q_norm.weight", "self_attn.k_norm.weight",
-              *(f"mlp.{n}_proj.weight" for n in ("gate", "up", "down")), "mlp.gate.weight",
-              *(f"mlp.experts.{{j}}.{n}_proj.weight" for n in ("gate", "up", "down")),
-              "mlp.experts.gate_up_proj", "mlp.experts.down_proj",
-              *(f"mlp.shared_expert.{n}_proj.weight" for n in ("gate", "up", "down")), "mlp.shared_expert_gate.weight"]
-MTP = [Drop(f"{prefix}mtp.{name}") for prefix in ("", "model.")
-       for name in ("fc.weight", "norm.weight", "pre_fc_norm_embedding.weight", "pre_fc_norm_hidden.weight",
-                    *(f"layers.{{i}}.{n}" for n in _MTP_LAYER))]

@@ -336,7 +336,11 @@ class KeyMap:
         self.legacy_prefix = legacy_prefix
 
     def match(self, key: str) -> tuple[Rule, dict[str, str]] | None:
+        """The row for source tensor ``key``: where a row naming it outright (no field) and a pattern
+        both fit (GGUF's MTP block ``blk.24.attn_q`` and the trunk's ``blk.{i}.attn_q``), the outright one."""
         hits = [(r, m.groupdict()) for r in self.rules if (m := r.pattern.fullmatch(key))]
+        if len(hits) > 1:
+            hits = [h for h in hits if not h[1]] or hits
         if len(hits) > 1:
             raise AssertionError(f"key map {self.name}: '{key}' matches {len(hits)} rules")
         return hits[0] if hits else None

@@ -74,6 +74,8 @@ class Family:
     gguf_keymap: Callable[[Any], KeyMap]
     gguf_metadata: Callable[[Any, Any], None]  # (GGUFWriter, config): the keys llama.cpp's converter writes
     claims_gguf: Callable[[Any], bool] = lambda fields: True
+    # the config refined by the file's tensor names, where config.json cannot say (the MTP layers a file holds)
+    config_from_hf_tensors: Callable[[Any, Any], Any] = lambda config, names: config
     # the names transformers' model class holds in memory, where they differ from its files' (experts fused)
     hf_module_keymap: Callable[[Any], KeyMap] | None = None
     # the (model_type, class) transformers' GGUF loader reads this family's files as, where not its own

@@ -7,8 +7,8 @@ head and RoPE on the first quarter of each head. Every RMSNorm but the linear la
 text all three are the token's position, which is plain RoPE (a test shows it).
 
 The checkpoints ship multi-token-prediction layers (``mtp.*``): a draft head for speculative decoding
-that the next-token trace does not run. They are dropped on purpose by named rows, and the summary
-lists them.
+that the next-token trace does not run. The model holds them (``layers/mtp.py``), the summary lists them,
+and export writes them back (GGUF: as llama.cpp's converter does, ``convert/mtp.py``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from typing import Any
 from ..convert.gguf_hybrid import add_hybrid_hparams, add_mrope_sections, hybrid_config_from_gguf, hybrid_gguf_keymap
 from ..convert.hf_config import ConfigFields
 from ..convert.hf_decoder import DECODER_HF_STEPS, MLP, NORMS, decoder_config_to_hf, decoder_hf_keymap, describe_decoder
-from ..convert.hf_hybrid import (GATED_ATTENTION, GATED_Q, LINEAR_ATTENTION, LINEAR_CONV, MTP, hybrid_config_from_hf,
+from ..convert.mtp import with_hf_mtp_layers
+from ..convert.hf_hybrid import (GATED_ATTENTION, GATED_Q, LINEAR_ATTENTION, LINEAR_CONV, hybrid_config_from_hf,
                                  hybrid_to_hf)
 from ..layers.decoder import Llama, LlamaConfig
 from ..layers.linear_attention import DeltaNetShape
@@ -36,7 +37,8 @@ PRESETS: dict[str, Preset] = {
         eos_token_id=248044, family="qwen3_5"), "Qwen/Qwen3.5-0.8B"),
 }
 
-_HAS = frozenset({"layer_types", "linear attention", "attention output gate", "offset norms", "partial rotary"})
+_HAS = frozenset({"layer_types", "linear attention", "attention output gate", "offset norms", "partial rotary",
+                  "MTP layers"})
 
 
 def config_from_hf(data: dict[str, Any], origin: object) -> LlamaConfig:
@@ -51,7 +53,7 @@ def config_to_hf(c: LlamaConfig) -> dict[str, Any]:
 
 def hf_keymap(c: LlamaConfig):
     return decoder_hf_keymap(c, "qwen3_5", NORMS + MLP + GATED_ATTENTION + LINEAR_ATTENTION, [GATED_Q, LINEAR_CONV],
-                             extra=MTP)
+                             mtp=True)
 
 
 def gguf_metadata(w: Any, c: LlamaConfig) -> None:
@@ -62,7 +64,7 @@ def gguf_metadata(w: Any, c: LlamaConfig) -> None:
 FAMILY = Family(
     name="qwen3_5", config_class=LlamaConfig, model_class=Llama, presets=PRESETS,
     hf_model_types=("qwen3_5_text",), config_from_hf=config_from_hf, config_to_hf=config_to_hf,
-    hf_keymap=hf_keymap,
+    hf_keymap=hf_keymap, config_from_hf_tensors=with_hf_mtp_layers,
     gguf_arch="qwen35", config_from_gguf=lambda f, tensors: hybrid_config_from_gguf(f, tensors, "qwen3_5"),
     gguf_keymap=lambda c: hybrid_gguf_keymap(c, "qwen35", tiled=True), gguf_metadata=gguf_metadata,
     hf_steps=DECODER_HF_STEPS, describe=describe_decoder,

@@ -2,7 +2,7 @@
 qwen35moe): Qwen3.5's hybrid decoder (``families/qwen3_5.py``) with Qwen3-Next's MLP on every layer:
 routed experts, their weights always renormalised, and a shared expert × sigmoid of its gate. Released
 files (Qwen3.6-35B-A3B, Qwen3.5-35B-A3B) store each layer's experts fused (transformers 5's layout);
-both layouts are read. The multi-token-prediction layers (``mtp.*``) are dropped by name.
+both layouts are read. The multi-token-prediction layers (``mtp.*``) are held, not run (``layers/mtp.py``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from ..convert.gguf_hybrid import add_hybrid_hparams, add_mrope_sections, hybrid
 from ..convert.hf_config import ConfigFields
 from ..convert.hf_decoder import (DECODER_HF_STEPS, EXPERT_ROWS, NORMS, decoder_config_to_hf, decoder_hf_keymap,
                                   describe_decoder, fused_experts)
-from ..convert.hf_hybrid import (GATED_ATTENTION, GATED_Q, LINEAR_ATTENTION, LINEAR_CONV, MTP, SHARED_EXPERT,
+from ..convert.mtp import with_hf_mtp_layers
+from ..convert.hf_hybrid import (GATED_ATTENTION, GATED_Q, LINEAR_ATTENTION, LINEAR_CONV, SHARED_EXPERT,
                                  hybrid_config_from_hf, hybrid_to_hf)
 from ..convert.keymap import KeyMap
 from ..layers.decoder import FULL, LINEAR, Llama, LlamaConfig
@@ -54,7 +55,7 @@ def config_to_hf(c: LlamaConfig) -> dict[str, Any]:
 def hf_keymap(c: LlamaConfig, module: bool = False) -> KeyMap:
     """The experts in both layouts (``module``: the module's first, which the inverse then names)."""
     return decoder_hf_keymap(c, "qwen3_5_moe", NORMS + GATED_ATTENTION + LINEAR_ATTENTION + EXPERT_ROWS + SHARED_EXPERT,
-                             [GATED_Q, LINEAR_CONV, *fused_experts(c)], fused_first=module, extra=MTP)
+                             [GATED_Q, LINEAR_CONV, *fused_experts(c)], fused_first=module, mtp=True)
 
 
 def config_from_gguf(f: Any, tensors: dict) -> LlamaConfig:
@@ -73,7 +74,7 @@ def gguf_metadata(w: Any, c: LlamaConfig) -> None:
 FAMILY = Family(
     name="qwen3_5_moe", config_class=LlamaConfig, model_class=Llama, presets=PRESETS,
     hf_model_types=("qwen3_5_moe_text",), config_from_hf=config_from_hf, config_to_hf=config_to_hf,
-    hf_keymap=hf_keymap, hf_module_keymap=lambda c: hf_keymap(c, module=True),
+    hf_keymap=hf_keymap, hf_module_keymap=lambda c: hf_keymap(c, module=True), config_from_hf_tensors=with_hf_mtp_layers,
     gguf_arch="qwen35moe", config_from_gguf=config_from_gguf,
     gguf_keymap=lambda c: hybrid_gguf_keymap(c, "qwen35moe", tiled=True), gguf_metadata=gguf_metadata,
     hf_steps=DECODER_HF_STEPS, describe=describe_decoder,

@@ -7,7 +7,7 @@ its own gate. Layers in ``mlp_only_layers`` or off the ``decoder_sparse_step`` k
 Its files store the linear layers' projections grouped by key head (``in_proj_qkvz``: per key head its q,
 k, v and z rows; ``in_proj_ba``: its b and a rows); Qwen3.5 later split them into in_proj_qkv, in_proj_z,
 in_proj_b and in_proj_a, which is how our model holds them. The multi-token-prediction layers (``mtp.*``)
-are dropped by name.
+are held, not run (``layers/mtp.py``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from ..convert.gguf_hybrid import add_hybrid_hparams, hybrid_config_from_gguf, h
 from ..convert.hf_config import ConfigFields
 from ..convert.hf_decoder import (DECODER_HF_STEPS, EXPERT_ROWS, MLP, NORMS, decoder_config_to_hf, decoder_hf_keymap,
                                   describe_decoder, experts_from_hf, fused_experts)
-from ..convert.hf_hybrid import (GATED_ATTENTION, GATED_Q, LINEAR_ATTENTION, LINEAR_CONV, MTP, QWEN3_NEXT_LINEAR,
+from ..convert.mtp import with_hf_mtp_layers
+from ..convert.hf_hybrid import (GATED_ATTENTION, GATED_Q, LINEAR_ATTENTION, LINEAR_CONV, QWEN3_NEXT_LINEAR,
                                  SHARED_EXPERT, hybrid_config_from_hf, hybrid_to_hf)
 from ..convert.keymap import KeyMap
 from ..layers.decoder import FULL, LINEAR, Llama, LlamaConfig
@@ -38,7 +39,7 @@ PRESETS: dict[str, Preset] = {
         bos_token_id=151643, eos_token_id=151645, family="qwen3_next"), "Qwen/Qwen3-Next-80B-A3B-Instruct"),
 }
 
-HAS = frozenset({"layer_types", "linear attention", "attention output gate", "offset norms", "partial rotary",
+HAS = frozenset({"layer_types", "linear attention", "attention output gate", "offset norms", "partial rotary", "MTP layers",
                  "shared expert", "expert size"})
 
 
@@ -64,7 +65,7 @@ def hf_keymap(c: LlamaConfig, module: bool = False) -> KeyMap:
     rows = NORMS + MLP + GATED_ATTENTION + [r for r in LINEAR_ATTENTION if not r[0].startswith("linear_attn.in_proj")] \
         + EXPERT_ROWS + SHARED_EXPERT
     return decoder_hf_keymap(c, "qwen3_next", rows, [GATED_Q, LINEAR_CONV, *QWEN3_NEXT_LINEAR, *fused_experts(c)],
-                             fused_first=module, extra=MTP)
+                             fused_first=module, mtp=True)
 
 
 def config_from_gguf(f: Any, tensors: dict) -> LlamaConfig:
@@ -78,7 +79,7 @@ def config_from_gguf(f: Any, tensors: dict) -> LlamaConfig:
 FAMILY = Family(
     name="qwen3_next", config_class=LlamaConfig, model_class=Llama, presets=PRESETS,
     hf_model_types=("qwen3_next",), config_from_hf=config_from_hf, config_to_hf=config_to_hf,
-    hf_keymap=hf_keymap, hf_module_keymap=lambda c: hf_keymap(c, module=True),
+    hf_keymap=hf_keymap, hf_module_keymap=lambda c: hf_keymap(c, module=True), config_from_hf_tensors=with_hf_mtp_layers,
     gguf_arch="qwen3next", config_from_gguf=config_from_gguf,
     gguf_keymap=lambda c: hybrid_gguf_keymap(c, "qwen3next", tiled=False),
     gguf_metadata=lambda w, c: add_hybrid_hparams(w, c, "qwen3next", has=HAS),

@@ -23,6 +23,7 @@ from .kv_cache import KVCache
 from .linear import Linear, linear
 from .linear_attention import DeltaNetShape, GatedDeltaNet
 from .mlp import MoE, SwiGLU
+from .mtp import MTP
 from .norms import OffsetRMSNorm, RMSNorm
 from .rope import RopeScaling, rope_frequencies
 from .short_conv import ShortConv, ShortConvShape
@@ -74,6 +75,7 @@ class LlamaConfig:
     moe_d_ff: int = 0  # each expert's hidden size; 0 → d_ff (then d_ff is the dense layers')
     moe_layers: tuple[bool, ...] = ()  # per layer, experts (True) or the dense SwiGLU; () → experts on all
     shared_expert_d_ff: int = 0  # a SwiGLU every token runs beside the routed experts, × sigmoid(gate(x)); 0: none
+    mtp_layers: int = 0  # multi-token-prediction layers the checkpoint ships (``layers/mtp.py``): held, not run
     attention_dropout: float = 0.0  # on the attention weights, in train mode only
     # training-time features of the source's config that gptconv does not implement (residual dropout,
     # router jitter noise, …): inference is exact without them, train() refuses
@@ -104,6 +106,8 @@ class LlamaConfig:
         for name in ("moe_d_ff", "shared_expert_d_ff"):
             if getattr(self, name):
                 check_sizes(self, {name: 1 << 20})
+        if self.mtp_layers:
+            check_sizes(self, {"mtp_layers": 64})
         if self.rope_dim:
             check_sizes(self, {"rope_dim": self.head_dim})
             if self.rope_dim % 2:
@@ -162,7 +166,8 @@ class LlamaConfig:
             ("dense layers among experts", bool(c.moe_layers)),
             ("linear attention", LINEAR in c.layer_types), ("short convolution", CONV in c.layer_types),
             ("attention output gate", c.attention_gate),
-            ("offset norms", c.offset_norms), ("shared expert", bool(c.shared_expert_d_ff))) if on}
+            ("offset norms", c.offset_norms), ("shared expert", bool(c.shared_expert_d_ff)),
+            ("MTP layers", bool(c.mtp_layers))) if on}
 
     def window(self, layer: int) -> int | None:
         """The window layer ``layer`` attends within (None: every position)."""
@@ -195,6 +200,8 @@ class Llama(nn.Module):
         self.blocks = nn.ModuleList(Block(config, i) for i in range(config.n_layers))
         self.norm_f = config.norm(config.d_model)
         self.lm_head = None if config.tie_embeddings else Linear(config.d_model, config.vocab_size, bias=False)
+        # the draft head some checkpoints ship for speculative decoding: held for export, not run by forward
+        self.mtp = MTP(config, Block) if config.mtp_layers else None
         self._inv_freq: dict[tuple[torch.device, bool, bool], torch.Tensor] = {}
 
     def forward(
