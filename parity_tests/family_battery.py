@@ -16,6 +16,7 @@ A family test file sets, at module level, what its checkpoint is and what its fa
     GGUF_CHANGES = {}               # config changes for the checkpoint every GGUF test converts, where llama.cpp's
                                     # format has no place for a feature (a test in the file shows the refusal)
     CONVERTER_OPTIONS = ()          # flags for llama.cpp's converter (``--no-mtp``: the file has no MTP layers)
+    GGUF = True                     # False: the family has no GGUF yet (its file tests the one-line refusal)
     ROUNDED_IN_GGUF = {}            # our parameters a GGUF holds through a transform that float32 cannot invert
                                     # exactly (name suffix → f: f of both within 2 float32 ulps)
 

@@ -63,8 +63,13 @@ def _scramble_norms(model: torch.nn.Module) -> None:
         for name, p in model.named_parameters():
             if p.ndim == 1 and "norm" in name and name.endswith("weight") and not p.any():  # an offset norm
                 p.copy_((torch.randn(p.shape, generator=g) * 0.1).bfloat16().float())
+            elif p.ndim == 1 and name.endswith("scale"):  # multipliers (Gemma 4's router): about 1
+                p.copy_(torch.randn(p.shape, generator=g) * 0.3 + 1.0)
             elif p.ndim == 1:  # norms and biases
                 p.copy_(torch.randn(p.shape, generator=g) * 0.1 + (1.0 if name.endswith("weight") and ("ln" in name or "norm" in name) else 0.0))
+        for name, b in model.named_buffers():  # Gemma 4's per-layer output scale, saved though a buffer
+            if name.endswith("layer_scalar"):
+                b.copy_(torch.rand(b.shape, generator=g) + 0.5)
 
 
 def resave_as_bin(src: Path, dst: Path, legacy: bool = False) -> Path:

@@ -102,6 +102,28 @@ class RecurrentState:
         return sum(t.numel() * t.element_size() for t in (self.conv, self.recurrent) if t is not None)
 
 
+class SharedKV:
+    """A KV-shared layer's slot (Gemma 4's last layers): it stores nothing; its attention reads the keys and
+    values its ``source`` layer stored this step. It refers to that layer's slot, not a copy."""
+
+    def __init__(self, source: int) -> None:
+        self.source = source
+        self.of: LayerKV | None = None  # the source's slot, set by the cache
+        self.window = None
+
+    @property
+    def capacity(self) -> int:
+        return self.of.capacity
+
+    @property
+    def offset(self) -> int:
+        return self.of.offset
+
+    @property
+    def nbytes(self) -> int:
+        return 0
+
+
 class KVCache:
     def __init__(
         self,
@@ -131,6 +153,9 @@ class KVCache:
         """A slot per layer, each made by the layer's attention for itself (its heads, its window)."""
         weight = next(model.parameters())
         layers = [block.attn.make_state(batch, max_len, weight.dtype, weight.device, reserve) for block in model.blocks]
+        for slot in layers:
+            if isinstance(slot, SharedKV):
+                slot.of = layers[slot.source]
         return cls(len(layers), batch, n_kv_heads=0, max_len=max_len, head_dim=0, layers=layers)
 
     @property

@@ -24,6 +24,16 @@ def offset_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.
     return (F.rms_norm(x.float(), (x.size(-1),), eps=eps) * (1.0 + weight.float())).to(x.dtype)
 
 
+def rms_norm_f32(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / √(mean(x²) + eps) · w, all in float32 and rounded once at the end (Gemma 4's)."""
+    return (F.rms_norm(x.float(), (x.size(-1),), eps=eps) * weight.float()).to(x.dtype)
+
+
+def plain_rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / √(mean(x²) + eps), no weight (Gemma 4's V and its router's input), in float32."""
+    return F.rms_norm(x.float(), (x.size(-1),), eps=eps).to(x.dtype)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, d: int, eps: float) -> None:
         super().__init__()

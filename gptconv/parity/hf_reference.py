@@ -144,6 +144,11 @@ def _fill(src, hf: nn.Module, stored: dict[str, str], blockwise: bool, dtype: to
             raise where(src.path, f"tensor '{stored[name]}' has shape {tuple(tensor.shape)}; transformers' "
                                   f"'{name}' is {shapes[name]}")
         return tensor
+    persistent = set(hf.state_dict())  # buffers the file holds too (Gemma 4's layer_scalar): read, as from_pretrained does
+    with torch.no_grad():
+        for name, buffer in hf.named_buffers():
+            if name in persistent and name in src.tensors:
+                buffer.copy_(src.tensors[name].load().to(buffer.dtype))
     blocks = family_of(src.config).hf_steps["block.{i}"]
     lazy_blocks = [blocks.format(i=i) for i in range(src.config.n_layers)] if blockwise else []
     return fill_blockwise(hf, lazy_blocks, weight).eval()  # with no blocks named, every weight is read now

@@ -1,0 +1,204 @@
+"""Gemma 4's layout (``layers/gemma4.py``) in Hugging Face's files: config.json ⇄ Gemma4Config and the key
+table. Norms are stored as the weight they scale by (no 1 + w). Global layers' head width and K/V heads
+come from ``per_layer_config`` (what transformers saves), else from ``global_head_dim`` and, where keys are
+values, ``num_global_key_value_heads`` (what a config written by hand says); transformers gives the global
+layers their own K/V head count only where ``attention_k_eq_v``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..layers.gemma import FULL, SLIDING
+from ..layers.gemma4 import Gemma4Config
+from .gemma import GELU_TANH, _layer_types
+from .hf_config import ConfigFields, build_config
+from .hf_decoder import _experts_gate_up
+from .keymap import Drop, Fused, KeyMap, Map, Stacked, Tied
+
+_PROPORTIONAL = "proportional"
+
+
+def gemma4_config_from_hf(data: dict[str, Any], origin: object) -> Gemma4Config:
+    f = ConfigFields(data, origin)
+    act = f.str("hidden_activation", None) or f.str("hidden_act", GELU_TANH)
+    if act != GELU_TANH:
+        raise f.error(f"hidden_activation '{act}' is not supported (Gemma's GeGLU uses {GELU_TANH})")
+    if f.data.get("use_bidirectional_attention") not in (None, False):
+        raise f.error(f"'use_bidirectional_attention': {f.data['use_bidirectional_attention']!r} (bidirectional "
+                      "attention) is not supported")
+    f.refuse("attention_bias", True, "biases on q, k, v and the output")
+    f.refuse("tie_word_embeddings", False, "an LM head untied from the embedding")
+    n = f.int("num_hidden_layers")
+    if n <= 0:
+        raise f.error(f"field 'num_hidden_layers' is {n}; it must be at least 1")
+    types = list(_layer_types(f, n, 6))
+    if types[-1] != FULL:  # transformers makes the last layer global whatever the config says
+        raise f.error("the last layer must be full_attention (transformers forces it)")
+    head_dim, kv_heads = f.positive("head_dim", 256), f.positive("num_key_value_heads", 4)
+    k_eq_v = f.bool("attention_k_eq_v", False)
+    global_dim, global_kv = _global_heads(f, types, head_dim, kv_heads, k_eq_v)
+    (theta, fraction), local_theta = _rope(f)
+    ple = f.int("hidden_size_per_layer_input", 256) or 0
+    moe = f.bool("enable_moe_block", False)
+    return build_config(
+        Gemma4Config, f,
+        **f.common(context_length="max_position_embeddings", d_model="hidden_size", n_layers="num_hidden_layers",
+                   n_heads="num_attention_heads"),
+        n_kv_heads=kv_heads, d_ff=f.int("intermediate_size"), head_dim=head_dim,
+        sliding_window=f.positive("sliding_window", 512), layer_types=tuple(types),
+        global_head_dim=global_dim, global_kv_heads=global_kv, norm_eps=f.float("rms_norm_eps", 1e-6),
+        rope_theta=theta, global_rope_fraction=fraction, rope_local_theta=local_theta,
+        final_logit_softcapping=f.float("final_logit_softcapping", None), k_eq_v=k_eq_v,
+        kv_shared_layers=f.int("num_kv_shared_layers", 0), double_wide_mlp=f.bool("use_double_wide_mlp", False),
+        ple_dim=ple, ple_vocab=f.positive("vocab_size_per_layer_input", 262_144) if ple else 0,
+        n_experts=f.positive("num_experts", None) if moe else 0,
+        n_experts_used=f.positive("top_k_experts", None) if moe else 0,
+        moe_d_ff=f.positive("moe_intermediate_size", None) if moe else 0,
+        family="gemma4")
+
+
+def _global_heads(f: ConfigFields, types: list[str], head_dim: int, kv_heads: int, k_eq_v: bool) -> tuple[int, int]:
+    """(head width, K/V heads) of the global layers: one of each for all of them, the local layers keeping the
+    config's own."""
+    per_layer = f.dict("per_layer_config", None)
+    if per_layer is None:
+        dim = f.positive("global_head_dim", 512)
+        kv = f.int("num_global_key_value_heads", None) if k_eq_v else None
+        return dim, kv or kv_heads
+    found: dict[str, set[tuple[int, int]]] = {FULL: set(), SLIDING: set()}
+    for i, kind in enumerate(types):
+        entry = per_layer.get(str(i), per_layer.get(i, {}))
+        if not isinstance(entry, dict) or set(entry) - {"head_dim", "num_key_value_heads"}:
+            raise f.error(f"per_layer_config of layer {i}: only head_dim and num_key_value_heads are supported, "
+                          f"not {entry!r}")
+        found[kind].add((entry.get("head_dim", head_dim), entry.get("num_key_value_heads", kv_heads)))
+    if found[SLIDING] - {(head_dim, kv_heads)} or len(found[FULL]) > 1:
+        raise f.error("per_layer_config: every global layer must have one head width and K/V head count, and the "
+                      "sliding layers the config's own")
+    return found[FULL].pop() if found[FULL] else (head_dim, kv_heads)
+
+
+def _rope(f: ConfigFields) -> tuple[tuple[float, float], float]:
+    """((global theta, fraction of the global head's frequencies rotated), local theta)."""
+    params = f.dict("rope_parameters", None) or {}
+    full = params.get(FULL) or {"rope_type": _PROPORTIONAL, "partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0}
+    local = params.get(SLIDING) or {"rope_type": "default", "rope_theta": 10_000.0}
+    if not isinstance(full, dict) or not isinstance(local, dict):
+        raise f.error("rope_parameters: each layer type's entry must be an object")
+    kinds = (full.get("rope_type", "default"), local.get("rope_type", "default"))
+    if kinds[0] not in (_PROPORTIONAL, "default") or kinds[1] != "default" or full.get("factor", 1.0) != 1.0:
+        raise f.error(f"rope_parameters: {kinds[0]} RoPE on global layers and {kinds[1]} on local ones are not "
+                      f"supported (proportional and default, unscaled)")
+    fraction = full.get("partial_rotary_factor", 1.0) if kinds[0] == _PROPORTIONAL else 1.0
+    return (float(full.get("rope_theta", 1_000_000.0)), float(fraction)), float(local.get("rope_theta", 10_000.0))
+
+
+def gemma4_config_to_hf(c: Gemma4Config) -> dict[str, Any]:
+    """The config.json transformers needs to build Gemma4ForCausalLM for ``c``."""
+    if c.global_kv_heads != c.n_kv_heads and not c.k_eq_v:
+        raise ValueError("HF's gemma4_text gives global layers K/V heads of their own only where keys are values")
+    override = {"head_dim": c.global_head_dim, **({"num_key_value_heads": c.global_kv_heads} if c.k_eq_v else {})}
+    return {
+        "architectures": ["Gemma4ForCausalLM"], "model_type": "gemma4_text",
+        "vocab_size": c.vocab_size, "max_position_embeddings": c.context_length, "hidden_size": c.d_model,
+        "num_hidden_layers": c.n_layers, "num_attention_heads": c.n_heads, "num_key_value_heads": c.n_kv_heads,
+        "intermediate_size": c.d_ff, "head_dim": c.head_dim, "rms_norm_eps": c.norm_eps,
+        "hidden_activation": GELU_TANH, "sliding_window": c.sliding_window, "layer_types": list(c.layer_types),
+        "per_layer_config": {str(i): override for i in range(c.n_layers) if c.is_global(i)},
+        "rope_parameters": {
+            FULL: {"rope_type": _PROPORTIONAL, "partial_rotary_factor": c.global_rope_fraction, "rope_theta": c.rope_theta},
+            SLIDING: {"rope_type": "default", "rope_theta": c.rope_local_theta}},
+        "final_logit_softcapping": c.final_logit_softcapping, "attention_k_eq_v": c.k_eq_v,
+        "num_kv_shared_layers": c.kv_shared_layers, "use_double_wide_mlp": c.double_wide_mlp,
+        "hidden_size_per_layer_input": c.ple_dim, "vocab_size_per_layer_input": c.ple_vocab or c.vocab_size,
+        "enable_moe_block": bool(c.n_experts), "num_experts": c.n_experts or None,
+        "top_k_experts": c.n_experts_used or None, "moe_intermediate_size": c.moe_d_ff or None,
+        "attention_bias": False, "tie_word_embeddings": True, "use_bidirectional_attention": None,
+        "bos_token_id": c.bos_token_id, "eos_token_id": c.eos_token_id, "pad_token_id": 0,
+    }
+
+
+_LAYER = [  # (HF name under model.layers.{i}, ours under blocks.{i}), weights unless they end otherwise
+    ("input_layernorm", "norm1"), ("post_attention_layernorm", "post_attn_norm"),
+    ("pre_feedforward_layernorm", "norm2"), ("post_feedforward_layernorm", "post_mlp_norm"),
+    *((f"self_attn.{n}_proj", f"attn.{n}") for n in "qkvo"),
+    ("self_attn.q_norm", "attn.q_norm"), ("self_attn.k_norm", "attn.k_norm"),
+    *((f"mlp.{n}_proj", f"mlp.{n}") for n in ("gate", "up", "down")),
+    ("layer_scalar", "layer_scalar"),
+    # per-layer embeddings (E2B, E4B)
+    ("per_layer_input_gate", "ple_gate"), ("per_layer_projection", "ple_out"), ("post_per_layer_input_norm", "ple_norm"),
+    # the MoE block (26B-A4B)
+    ("post_feedforward_layernorm_1", "post_dense_norm"), ("pre_feedforward_layernorm_2", "pre_moe_norm"),
+    ("post_feedforward_layernorm_2", "post_moe_norm"), ("router.proj", "router.proj"),
+    ("router.scale", "router.scale"), ("router.per_expert_scale", "router.expert_scale"),
+]
+_NO_WEIGHT_SUFFIX = ("layer_scalar", "router.scale", "router.per_expert_scale", "router.expert_scale")
+
+
+def _name(name: str) -> str:
+    return name if name.endswith(_NO_WEIGHT_SUFFIX) else f"{name}.weight"
+
+
+def gemma4_hf_keymap(c: Gemma4Config) -> KeyMap:
+    """HF's names. A KV-shared layer has no k, v or k norm (Google's files may still hold them, unused: dropped
+    by name); a global layer whose keys are values has no v."""
+    unused = [Drop(f"model.layers.{i}.self_attn.{n}.weight") for i in range(c.first_shared, c.n_layers)
+              for n in ("k_proj", "v_proj", "k_norm")]
+    return KeyMap("gemma4_text (Hugging Face)", [
+        Map("model.embed_tokens.weight", "tok_emb.weight"),
+        Map("model.embed_tokens_per_layer.weight", "ple.table.weight"),
+        Map("model.per_layer_model_projection.weight", "ple.proj.weight"),
+        Map("model.per_layer_projection_norm.weight", "ple.norm.weight"),
+        *(Map(f"model.layers.{{i}}.{_name(src)}", f"blocks.{{i}}.{_name(dst)}") for src, dst in _LAYER),
+        *_experts(c),
+        Map("model.norm.weight", "norm_f.weight"),
+        Tied("lm_head.weight", "tok_emb.weight"),  # the head is the embedding; some files store it again
+        *unused,
+    ])
+
+
+def _experts(c: Gemma4Config) -> list:
+    """The routed experts as transformers holds and saves them: (E, 2·f, d) gate and up, (E, d, f) down."""
+    if not c.n_experts:
+        return []
+    return [Fused("model.layers.{i}.experts.gate_up_proj",
+                  [f"blocks.{{i}}.experts.experts.{j}.{w}.weight" for j in range(c.n_experts) for w in ("gate", "up")],
+                  _experts_gate_up(c)),
+            Stacked("model.layers.{i}.experts.down_proj", "blocks.{i}.experts.experts.{j}.down.weight",
+                    lambda c: c.n_experts)]
+
+
+# our step → transformers' module whose output it is
+GEMMA4_HF_STEPS = {
+    "token_embedding": "model.embed_tokens", "block.{i}.q_norm": "model.layers.{i}.self_attn.q_norm",
+    "block.{i}.post_attention_norm": "model.layers.{i}.post_attention_layernorm",
+    "block.{i}.post_feedforward_norm": "model.layers.{i}.post_feedforward_layernorm",
+    "block.{i}": "model.layers.{i}", "final_norm": "model.norm"}
+
+
+def describe_gemma4(c: Gemma4Config) -> list[str]:
+    """``trace``'s lines on how position enters, and what else the config turns on."""
+    local = sum(t == SLIDING for t in c.layer_types)
+    rotated = int(c.global_rope_fraction * c.global_head_dim // 2) * 2
+    lines = [f"position: RoPE on q and k; {local} local layers see their last {c.sliding_window} positions "
+             f"(heads of {c.head_dim}, all rotated, theta = {c.rope_local_theta:g}), {c.n_layers - local} global layers "
+             f"see all (heads of {c.global_head_dim}, {rotated} of them rotated: proportional RoPE, theta = "
+             f"{c.rope_theta:g}); token_embedding is × √d; norms (× w) before and after each sublayer; scores unscaled"]
+    extras = []
+    if c.k_eq_v:
+        extras.append(f"global layers' values are their keys (before k's norm and RoPE), {c.global_kv_heads} K/V heads")
+    if c.kv_shared_layers:
+        pairs = ", ".join(f"{i}←{c.kv_source(i)}" for i in range(c.first_shared, c.n_layers))
+        extras.append(f"KV sharing: the last {c.kv_shared_layers} layers attend to an earlier layer's keys and values "
+                      f"({pairs})" + ("; their MLP twice as wide" if c.double_wide_mlp else ""))
+    if c.ple_dim:
+        extras.append(f"per_layer_embedding: {c.ple_dim} per layer per token (a table of {c.ple_vocab} rows and a "
+                      "projection of token_embedding), gated into each block's output (block.i.per_layer_input)")
+    if c.n_experts:
+        extras.append(f"MoE block beside the dense MLP in every layer: {c.n_experts_used} of {c.n_experts} experts "
+                      "(block.i.router, block.i.moe)")
+    extras.append("each block's output × its layer_scalar")
+    if c.final_logit_softcapping is not None:
+        extras.append(f"logits soft-capped: c · tanh(x / c), c = {c.final_logit_softcapping:g}")
+    return lines + ["also: " + "; ".join(extras)]
