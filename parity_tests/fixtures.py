@@ -350,6 +350,15 @@ WRAPPER_FIXTURES = {
                            patch_size=14),
         image_token_id=151655, video_token_id=151656, vision_start_token_id=151652, vision_end_token_id=151653,
         tie_word_embeddings=False)),
+    # Gemma 4's (E2B-like: per-layer embeddings, wider global heads), without its audio tower
+    "gemma4": ("gpt-2", dict(
+        text_config=dict(**{**_TEXT, "num_hidden_layers": 3}, model_type="gemma4_text", vocab_size=50257,
+                         layer_types=["sliding_attention", "sliding_attention", "full_attention"], global_head_dim=32,
+                         sliding_window=16, hidden_size_per_layer_input=8, vocab_size_per_layer_input=50257,
+                         final_logit_softcapping=30.0, bos_token_id=50256, eos_token_id=50256, pad_token_id=50256),
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                           num_key_value_heads=2, head_dim=16),
+        audio_config=None)),
 }
 # the norms that scale by 1 + w (scrambled about 0, the others about 1)
 _OFFSET_NORMS = {"gemma3": lambda n: True, "qwen3_5": lambda n: "linear_attn.norm" not in n}

@@ -1,5 +1,6 @@
 """The text model inside multimodal checkpoints: Gemma 3 4B+ (gemma3), Mistral Small 3.x (mistral3), Qwen3-VL
-(qwen3_vl) and Qwen3.5 (qwen3_5, a hybrid text model), random-init wrappers saved by transformers 5.25.
+(qwen3_vl), Qwen3.5 (qwen3_5, a hybrid text model) and Gemma 4 (gemma4), random-init wrappers saved by
+transformers 5.25.
 
 The text model loads by the wrapper's table row (its prefix, its text_config); the vision tower and the
 projector are left out by a listed rule and named in the summary; verify compares ours with transformers'
@@ -23,8 +24,9 @@ from gptconv.parity.compare import FP32
 from gptconv.writers import export
 from helpers import random_ids, run_cli
 
-NAMES = ["gemma3", "gemma3-native", "mistral3", "qwen3_vl", "qwen3_5"]
-TEXT_TYPES = {"gemma3": "gemma3_text", "mistral3": "mistral", "qwen3_vl": "qwen3", "qwen3_5": "qwen3_5_text"}
+NAMES = ["gemma3", "gemma3-native", "mistral3", "qwen3_vl", "qwen3_5", "gemma4"]
+TEXT_TYPES = {"gemma3": "gemma3_text", "mistral3": "mistral", "qwen3_vl": "qwen3", "qwen3_5": "qwen3_5_text",
+              "gemma4": "gemma4_text"}
 
 
 def _kind(name: str) -> str:
@@ -97,7 +99,7 @@ def test_qwen3_vl_text_is_qwen3_with_plain_rope(wrappers):
     assert (mine - other).abs().max().item() > 0.1
 
 
-@pytest.mark.parametrize("name", ["gemma3", "mistral3", "qwen3_vl", "qwen3_5"])
+@pytest.mark.parametrize("name", ["gemma3", "mistral3", "qwen3_vl", "qwen3_5", "gemma4"])
 def test_hf_export_is_the_text_model(wrappers, tmp_path, name):
     """A text-only HF folder: transformers' text class loads it, its tensors are the wrapper's text
     tensors bit for bit, and it computes what the whole model computes on text."""
