@@ -63,8 +63,10 @@ def _scramble_norms(model: torch.nn.Module) -> None:
         for name, p in model.named_parameters():
             if p.ndim == 1 and "norm" in name and name.endswith("weight") and not p.any():  # an offset norm
                 p.copy_((torch.randn(p.shape, generator=g) * 0.1).bfloat16().float())
-            elif p.ndim == 1 and name.endswith("scale"):  # multipliers (Gemma 4's router): about 1
-                p.copy_(torch.randn(p.shape, generator=g) * 0.3 + 1.0)
+            elif p.ndim == 1 and name.endswith("scale"):  # multipliers (Gemma 4's router): about 1; its input's
+                # about 3, so that its scores part the experts as a trained router's do (random ones near a tie
+                # let any rounding pick another expert)
+                p.copy_((torch.randn(p.shape, generator=g) * 0.3 + 1.0) * (3.0 if name.endswith("router.scale") else 1.0))
             elif p.ndim == 1:  # norms and biases
                 p.copy_(torch.randn(p.shape, generator=g) * 0.1 + (1.0 if name.endswith("weight") and ("ln" in name or "norm" in name) else 0.0))
         for name, b in model.named_buffers():  # Gemma 4's per-layer output scale, saved though a buffer
@@ -224,7 +226,7 @@ def make_checkpoint(folder: Path, arch: str, vocab: str, kwargs: dict, vocab_ggu
     file), as a SentencePiece tokenizer.model (llama-spm) or a tokenizer.json."""
     import transformers
     import llama_cpp_tools
-    vocab_gguf = vocab_gguf or llama_cpp_tools.vocab_file(vocab)
+    vocab_gguf = vocab_gguf or llama_cpp_tools.vocab_file(vocab.removesuffix("-bpe"))  # llama-spm-bpe: tokenizer.json
     torch.manual_seed(0)
     config = transformers.AutoConfig.for_model(arch, **kwargs, initializer_range=0.2)
     model = transformers.AutoModelForCausalLM.from_config(config)
@@ -242,6 +244,8 @@ def make_checkpoint(folder: Path, arch: str, vocab: str, kwargs: dict, vocab_ggu
         llama_cpp_tools.our_tokenizer_from_gguf(vocab_gguf, folder)
     else:
         llama_cpp_tools.hf_tokenizer_from_gguf(vocab_gguf, folder)
+    if vocab == "llama-spm-bpe":  # as Gemma 4's own: spaces as ▁, no space put before the text
+        llama_cpp_tools.no_dummy_prefix(folder)
     if arch == "gpt2":
         llama_cpp_tools.add_n_ctx(folder)
     return folder
@@ -351,11 +355,11 @@ WRAPPER_FIXTURES = {
         image_token_id=151655, video_token_id=151656, vision_start_token_id=151652, vision_end_token_id=151653,
         tie_word_embeddings=False)),
     # Gemma 4's (E2B-like: per-layer embeddings, wider global heads), without its audio tower
-    "gemma4": ("gpt-2", dict(
-        text_config=dict(**{**_TEXT, "num_hidden_layers": 3}, model_type="gemma4_text", vocab_size=50257,
+    "gemma4": ("llama-spm-bpe", dict(
+        text_config=dict(**{**_TEXT, "num_hidden_layers": 3}, model_type="gemma4_text", vocab_size=32000,
                          layer_types=["sliding_attention", "sliding_attention", "full_attention"], global_head_dim=32,
-                         sliding_window=16, hidden_size_per_layer_input=8, vocab_size_per_layer_input=50257,
-                         final_logit_softcapping=30.0, bos_token_id=50256, eos_token_id=50256, pad_token_id=50256),
+                         sliding_window=16, hidden_size_per_layer_input=8, vocab_size_per_layer_input=32000,
+                         final_logit_softcapping=30.0, bos_token_id=1, eos_token_id=2, pad_token_id=0),
         vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                            num_key_value_heads=2, head_dim=16),
         audio_config=None)),
@@ -385,7 +389,9 @@ def make_wrapper(folder: Path, name: str) -> Path:
             "tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
             "add_bos_token": True, "add_eos_token": False, "legacy": True}))
     else:
-        llama_cpp_tools.hf_tokenizer_from_gguf(llama_cpp_tools.vocab_file(vocab), folder)
+        llama_cpp_tools.hf_tokenizer_from_gguf(llama_cpp_tools.vocab_file(vocab.removesuffix("-bpe")), folder)
+    if vocab == "llama-spm-bpe":  # as Gemma 4's own: spaces as ▁, no space put before the text
+        llama_cpp_tools.no_dummy_prefix(folder)
     return folder
 
 

@@ -55,6 +55,26 @@ def hf_tokenizer_from_gguf(gguf_path: Path, folder: Path) -> None:
     AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name).save_pretrained(folder)
 
 
+def no_dummy_prefix(folder: Path) -> None:
+    """A SentencePiece-style tokenizer.json that puts no ▁ before the text (Gemma 4's, llama.cpp's gemma4)."""
+    path = folder / "tokenizer.json"
+    spec = json.loads(path.read_text())
+
+    def edit(node):
+        if isinstance(node, dict):
+            if "prepend_scheme" in node:
+                node["prepend_scheme"] = "never"
+            if node.get("type") == "Prepend":  # a normalizer that puts ▁ first
+                node["prepend"] = ""
+            for v in node.values():
+                edit(v)
+        elif isinstance(node, list):
+            for v in node:
+                edit(v)
+    edit(spec)
+    path.write_text(json.dumps(spec, ensure_ascii=False))
+
+
 def our_tokenizer_from_gguf(gguf_path: Path, folder: Path) -> None:
     """Our reading of a GGUF vocabulary (its ids equal llama.cpp's: test_tokenizer_cases.py) saved as
     tokenizer.json, where transformers' own conversion is not faithful: for Llama 3's it adds a

@@ -57,10 +57,16 @@ def test_the_text_model_loads_and_what_is_left_out_is_listed(wrappers, name):
     assert f"left out      {len(vision)} tensors of {wrapper.left_out_what}" in r.stdout
 
 
+# Gemma 4's near-flat random logits over 32,000 tokens: at 48 random positions (126 in all) our bfloat16 top-1
+# differs from the float64 truth at 4, transformers' bfloat16 at 0, while ours is 1.3× its RMS error and 1.6× its
+# KL (both within 2×); at 96 the two flip alike (7 and 7 of 174). The top-1 count needs the longer run to mean much.
+LENGTH = {"gemma4": 96}
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("name", NAMES)
 def test_verify_against_transformers_whole_model_passes(wrappers, name, dtype):
-    report = gptconv.verify(str(wrappers[name]), dtype=dtype, length=48)
+    report = gptconv.verify(str(wrappers[name]), dtype=dtype, length=LENGTH.get(name, 48))
     print(f"\n{name} {dtype}: max|Δ| {report.max_abs_diff:.3e}, largest RMS ratio "
           f"{max(s.ratio or 0 for s in report.steps):.2f}")
     assert report.passed, report.first_divergent_step
@@ -126,12 +132,12 @@ def test_hf_export_is_the_text_model(wrappers, tmp_path, name):
 # The converter writes Mistral 3's and Qwen3-VL's text models under their multimodal architectures
 # (mistral3, qwen3vl: the same hyperparameters, and Qwen3-VL's M-RoPE sections and deepstack count, which
 # act with images only); ours writes the text model's own (llama, qwen3), which it computes exactly.
-THEIR_ARCH = {"gemma3": "gemma3", "mistral3": "mistral3", "qwen3_vl": "qwen3vl", "qwen3_5": "qwen35"}
+THEIR_ARCH = {"gemma3": "gemma3", "mistral3": "mistral3", "qwen3_vl": "qwen3vl", "qwen3_5": "qwen35", "gemma4": "gemma4"}
 CONVERTER_OPTIONS = {"qwen3_5": ("--no-mtp",)}  # transformers saves no MTP layers, which the converter then needs
 IMAGE_ONLY = {"qwen3vl.rope.dimension_sections", "qwen3vl.n_deepstack_layers"}
 
 
-@pytest.mark.parametrize("name", ["gemma3", "mistral3", "qwen3_vl", "qwen3_5"])
+@pytest.mark.parametrize("name", ["gemma3", "mistral3", "qwen3_vl", "qwen3_5", "gemma4"])
 def test_gguf_export_equals_llama_cpps_converter(wrappers, tmp_path, name):
     from gguf import GGUFReader
     ours = tmp_path / "ours.gguf"

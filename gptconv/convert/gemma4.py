@@ -9,12 +9,17 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+from gguf import Keys
+
+from ..errors import where
 from ..layers.gemma import FULL, SLIDING
 from ..layers.gemma4 import Gemma4Config
 from .gemma import GELU_TANH, _layer_types
 from .hf_config import ConfigFields, build_config
 from .hf_decoder import _experts_gate_up
-from .keymap import Drop, Fused, KeyMap, Map, Stacked, Tied
+from .gguf_meta import T, gguf_config, gguf_name
+from .keymap import Drop, Fused, KeyMap, Map, Stacked, TensorInfo, Tied
 
 _PROPORTIONAL = "proportional"
 
@@ -202,3 +207,136 @@ def describe_gemma4(c: Gemma4Config) -> list[str]:
     if c.final_logit_softcapping is not None:
         extras.append(f"logits soft-capped: c · tanh(x / c), c = {c.final_logit_softcapping:g}")
     return lines + ["also: " + "; ".join(extras)]
+
+
+# ---------------------------------------------------------------------------------------------------
+# GGUF (llama.cpp's gemma4): every tensor as HF stores it (norms as w, the experts' gate and up still fused),
+# under llama.cpp's names, and a computed ``rope_freqs``: per frequency of the global head, 1 where it rotates
+# and 1e30 where it does not (llama.cpp rotates the whole head, and a frequency ÷ 1e30 is 0).
+
+_GGUF_LAYER = [  # (llama.cpp's tensor, part, ours under blocks.{i})
+    (T.ATTN_NORM, "weight", "norm1.weight"), (T.ATTN_POST_NORM, "weight", "post_attn_norm.weight"),
+    (T.FFN_NORM, "weight", "norm2.weight"), (T.FFN_POST_NORM, "weight", "post_mlp_norm.weight"),
+    (T.ATTN_Q, "weight", "attn.q.weight"), (T.ATTN_K, "weight", "attn.k.weight"), (T.ATTN_V, "weight", "attn.v.weight"),
+    (T.ATTN_OUT, "weight", "attn.o.weight"), (T.ATTN_Q_NORM, "weight", "attn.q_norm.weight"),
+    (T.ATTN_K_NORM, "weight", "attn.k_norm.weight"),
+    (T.FFN_GATE, "weight", "mlp.gate.weight"), (T.FFN_UP, "weight", "mlp.up.weight"),
+    (T.FFN_DOWN, "weight", "mlp.down.weight"), (T.LAYER_OUT_SCALE, "weight", "layer_scalar"),
+    (T.PER_LAYER_INP_GATE, "weight", "ple_gate.weight"), (T.PER_LAYER_PROJ, "weight", "ple_out.weight"),
+    (T.PER_LAYER_POST_NORM, "weight", "ple_norm.weight"),
+    (T.FFN_POST_NORM_1, "weight", "post_dense_norm.weight"), (T.FFN_PRE_NORM_2, "weight", "pre_moe_norm.weight"),
+    (T.FFN_POST_NORM_2, "weight", "post_moe_norm.weight"), (T.FFN_GATE_INP, "weight", "router.proj.weight"),
+    (T.FFN_GATE_INP, "scale", "router.scale"), (T.FFN_DOWN_EXP, "scale", "router.expert_scale"),
+]
+
+
+def gemma4_gguf_keymap(c: Gemma4Config) -> KeyMap:
+    experts = [Fused(gguf_name(T.FFN_GATE_UP_EXP),
+                     [f"blocks.{{i}}.experts.experts.{j}.{w}.weight" for j in range(c.n_experts) for w in ("gate", "up")],
+                     _experts_gate_up(c)),
+               Stacked(gguf_name(T.FFN_DOWN_EXP), "blocks.{i}.experts.experts.{j}.down.weight",
+                       lambda c: c.n_experts)] if c.n_experts else []
+    return KeyMap("gemma4 (GGUF)", [
+        Map(gguf_name(T.TOKEN_EMBD), "tok_emb.weight"),
+        Map(gguf_name(T.PER_LAYER_TOKEN_EMBD), "ple.table.weight"),
+        Map(gguf_name(T.PER_LAYER_MODEL_PROJ), "ple.proj.weight"),
+        Map(gguf_name(T.PER_LAYER_PROJ_NORM), "ple.norm.weight"),
+        *(Map(gguf_name(t, part), f"blocks.{{i}}.{ours}") for t, part, ours in _GGUF_LAYER),
+        *experts,
+        Map(gguf_name(T.OUTPUT_NORM), "norm_f.weight"),
+        Tied(gguf_name(T.OUTPUT), "tok_emb.weight"),
+        Drop(gguf_name(T.ROPE_FREQS)),  # computed from the config (``gemma4_gguf_tensors``), read back into it
+    ])
+
+
+def gemma4_gguf_tensors(c: Gemma4Config) -> list[tuple[str, torch.Tensor]]:
+    """``rope_freqs``: the global layers' proportional RoPE as llama.cpp runs it (all of the head rotated)."""
+    rotated = int(c.global_rope_fraction * c.global_head_dim // 2)
+    return [(gguf_name(T.ROPE_FREQS), torch.tensor([1.0] * rotated + [1e30] * (c.global_head_dim // 2 - rotated)))]
+
+
+def gemma4_gguf_metadata(w: Any, c: Gemma4Config) -> None:
+    """What llama.cpp's converter writes for gemma4, in its order."""
+    w.add_block_count(c.n_layers)
+    w.add_context_length(c.context_length)
+    w.add_embedding_length(c.d_model)
+    w.add_feed_forward_length([c.d_ff_at(i) for i in range(c.n_layers)] if c.double_wide_mlp else c.d_ff)
+    w.add_head_count(c.n_heads)
+    # per layer where the global layers have K/V heads of their own (transformers: only where keys are values)
+    w.add_head_count_kv([c.kv_heads_at(i) for i in range(c.n_layers)] if c.k_eq_v else c.n_kv_heads)
+    w.add_rope_freq_base(c.rope_theta)
+    w.add_rope_freq_base_swa(c.rope_local_theta)
+    w.add_layer_norm_rms_eps(c.norm_eps)
+    if c.n_experts:
+        w.add_expert_count(c.n_experts)
+        w.add_expert_used_count(c.n_experts_used)
+    w.add_key_length(c.global_head_dim)
+    w.add_value_length(c.global_head_dim)
+    if c.final_logit_softcapping:
+        w.add_final_logit_softcapping(c.final_logit_softcapping)
+    w.add_sliding_window(c.sliding_window)
+    w.add_shared_kv_layers(c.kv_shared_layers)
+    w.add_embedding_length_per_layer_input(c.ple_dim)
+    w.add_sliding_window_pattern([not c.is_global(i) for i in range(c.n_layers)])
+    w.add_key_length_swa(c.head_dim)
+    w.add_value_length_swa(c.head_dim)
+    if c.n_experts:
+        w.add_expert_feed_forward_length(c.moe_d_ff)
+    w.add_rope_dimension_count(c.global_head_dim)  # the whole head: rope_freqs leaves the rest unrotated
+    w.add_rope_dimension_count_swa(c.head_dim)
+
+
+def gemma4_config_from_gguf(f: Any, tensors: dict[str, TensorInfo]) -> Gemma4Config:
+    """A config from llama.cpp's gemma4 metadata and ``rope_freqs`` (how much of the global head rotates)."""
+    n = f.get(Keys.LLM.BLOCK_COUNT, int)
+    sliding = f.get(Keys.Attention.SLIDING_WINDOW_PATTERN, list, None)
+    if not isinstance(sliding, list) or len(sliding) != n or not all(isinstance(s, bool) for s in sliding):
+        raise where(f.path, f"attention.sliding_window_pattern must say for each of the {n} layers whether it slides")
+    per_layer_kv, per_layer_ff = _per_layer(f, Keys.Attention.HEAD_COUNT_KV, n), _per_layer(f, Keys.LLM.FEED_FORWARD_LENGTH, n)
+    local_kv = {k for k, s in zip(per_layer_kv, sliding) if s} or {per_layer_kv[0]}
+    global_kv = {k for k, s in zip(per_layer_kv, sliding) if not s} or local_kv
+    shared = f.get(Keys.Attention.SHARED_KV_LAYERS, int, 0)
+    if len(local_kv) > 1 or len(global_kv) > 1:
+        raise where(f.path, "head_count_kv: every local layer must have one K/V head count, every global one another")
+    d_ff = per_layer_ff[0]
+    double = per_layer_ff != [d_ff] * n
+    if double and per_layer_ff != [d_ff if i < n - shared else 2 * d_ff for i in range(n)]:
+        raise where(f.path, "feed_forward_length: only the KV-shared layers' MLPs may be wider (twice)")
+    global_dim = f.get(Keys.Attention.KEY_LENGTH, int)
+    freqs = tensors.get(gguf_name(T.ROPE_FREQS))
+    if freqs is None or tuple(freqs.shape) != (global_dim // 2,):
+        raise where(f.path, f"rope_freqs must hold the {global_dim // 2} frequencies of the global head")
+    factors = freqs.load().float()
+    rotated = int((factors == 1.0).sum())
+    if not (torch.equal(factors[:rotated], torch.ones(rotated)) and bool((factors[rotated:] >= 1e29).all())):
+        raise where(f.path, "rope_freqs: only proportional RoPE (ones, then 1e30) is supported")
+    experts = f.get(Keys.LLM.EXPERT_COUNT, int, 0)
+    return gguf_config(
+        Gemma4Config, f, tensors, n_kv_heads=local_kv.pop(), d_ff=d_ff,
+        head_dim=f.get(Keys.Attention.KEY_LENGTH_SWA, int), sliding_window=f.get(Keys.Attention.SLIDING_WINDOW, int),
+        layer_types=tuple(SLIDING if s else FULL for s in sliding), global_head_dim=global_dim,
+        global_kv_heads=global_kv.pop(), norm_eps=f.get(Keys.Attention.LAYERNORM_RMS_EPS, float),
+        rope_theta=f.get(Keys.Rope.FREQ_BASE, float), global_rope_fraction=2 * rotated / global_dim,
+        rope_local_theta=f.get(Keys.Rope.FREQ_BASE_SWA, float),
+        final_logit_softcapping=f.get(Keys.LLM.FINAL_LOGIT_SOFTCAPPING, float, None),
+        k_eq_v=_keys_are_values(tensors, sliding, n - shared),
+        kv_shared_layers=shared, double_wide_mlp=double, ple_dim=f.get(Keys.LLM.EMBD_LENGTH_PER_LAYER_INP, int, 0),
+        ple_vocab=tensors[gguf_name(T.PER_LAYER_TOKEN_EMBD)].shape[0] if gguf_name(T.PER_LAYER_TOKEN_EMBD) in tensors else 0,
+        n_experts=experts, n_experts_used=f.get(Keys.LLM.EXPERT_USED_COUNT, int, 0) if experts else 0,
+        moe_d_ff=f.get(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, int, 0) if experts else 0, family="gemma4")
+
+
+def _per_layer(f: Any, key: str, n: int) -> list[int]:
+    """A key that holds one positive integer, or one per layer."""
+    value = f.get(key, object)
+    values = value if isinstance(value, list) else [value]
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values) or len(values) not in (1, n):
+        raise where(f.path, f"{key.format(arch='gemma4')} must be a positive integer, or one for each of the {n} layers")
+    return values * n if len(values) == 1 else values
+
+
+def _keys_are_values(tensors: dict, sliding: list[bool], unshared: int) -> bool:
+    """Whether the global layers' values are their keys: an unshared global layer with k and no v."""
+    name = lambda t, i: gguf_name(t).replace("{i}", str(i))  # noqa: E731
+    own = [i for i in range(unshared) if not sliding[i]]
+    return bool(own) and name(T.ATTN_K, own[0]) in tensors and name(T.ATTN_V, own[0]) not in tensors

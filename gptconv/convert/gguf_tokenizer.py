@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from gguf import GGUFWriter, Keys
 from tokenizers import AddedToken, Regex
 from tokenizers import Tokenizer as HFTokenizer
-from tokenizers import decoders, models, pre_tokenizers, processors
+from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
 
 from ..errors import NoTokenizer, where
 from . import spm
@@ -105,17 +105,17 @@ class GGUFVocab:
         model = f.get(Keys.Tokenizer.MODEL, str, None)
         if model is None:
             raise NoTokenizer(f"{f.path}: carries no tokenizer ({Keys.Tokenizer.MODEL} is absent)")
-        if model not in ("gpt2", "llama"):
+        if model not in ("gpt2", "llama", "gemma4"):
             raise where(f.path, f"tokenizer model '{model}' is not supported (byte-level BPE 'gpt2', "
-                                "SentencePiece 'llama')")
+                                "SentencePiece 'llama', Gemma 4's 'gemma4')")
         tokens = f.get(Keys.Tokenizer.LIST, list)
         types = f.get(Keys.Tokenizer.TOKEN_TYPE, list, [NORMAL] * len(tokens))
         scores = f.get(Keys.Tokenizer.SCORES, list, None) if model == "llama" else None
-        merges = f.get(Keys.Tokenizer.MERGES, list, None) if model == "gpt2" else None
+        merges = f.get(Keys.Tokenizer.MERGES, list, None) if model in ("gpt2", "gemma4") else None
         if len(types) != len(tokens) or (scores is not None and len(scores) != len(tokens)):
             raise where(f.path, f"tokenizer metadata is inconsistent: {len(tokens)} tokens, {len(types)} token types"
                                 + (f", {len(scores)} scores" if scores is not None else ""))
-        if model == "gpt2" and (merges is None or any(not isinstance(m, str) or len(m.split(" ")) != 2 for m in merges)):
+        if model in ("gpt2", "gemma4") and (merges is None or any(not isinstance(m, str) or len(m.split(" ")) != 2 for m in merges)):
             raise where(f.path, "tokenizer metadata is inconsistent: BPE merges missing or malformed")
         if not all(isinstance(t, int) and 1 <= t <= 6 for t in types):
             raise where(f.path, "tokenizer metadata is inconsistent: token types outside 1 … 6")
@@ -155,7 +155,7 @@ class GGUFVocab:
         if kind in self.add:
             return self.add[kind]
         if kind == "bos":
-            return self.model == "llama" or self.pre in _LLAMA3_NAMES
+            return self.model in ("llama", "gemma4") or self.pre in _LLAMA3_NAMES
         return False
 
     def tokenizer(self, origin: object) -> HFTokenizer:
@@ -168,6 +168,8 @@ class GGUFVocab:
             rstrip = {t for t, kind in zip(self.tokens, types) if kind in (CONTROL, USER_DEFINED, UNKNOWN)
                       and t not in _KEEP_SPACE} if _rstrips_special(self.name) else set()
             return spm.build(pieces, token("bos"), token("eos"), self.adds("bos"), self.adds("eos"), rstrip)
+        if self.model == "gemma4":
+            return self._gemma4(token("bos"), token("eos"), types)
         pre = _pre_tokenizer(self.pre or "default")
         if pre is None:
             raise where(origin, f"pre-tokenizer '{self.pre}' is not supported ({', '.join(PRE_TOKENIZER_NAMES)})")
@@ -183,4 +185,21 @@ class GGUFVocab:
         bos, eos = token("bos"), token("eos")
         tk.post_processor = (spm.template(bos, eos, vocab) if bos or eos
                              else processors.ByteLevel(trim_offsets=False))
+        return tk
+
+    def _gemma4(self, bos: str | None, eos: str | None, types: list[int]) -> HFTokenizer:
+        """llama.cpp's gemma4: spaces written ▁, the text split at newlines only, BPE by the merges' order over
+        its characters, a character no merge reaches as its UTF-8 bytes (``<0xNN>``); BOS always added."""
+        vocab = {t: i for i, t in enumerate(self.tokens)}
+        tk = HFTokenizer(models.BPE(vocab, [tuple(m.split(" ", 1)) for m in self.merges or []], byte_fallback=True,
+                                    fuse_unk=False))
+        tk.normalizer = normalizers.Replace(" ", spm.SPACE)
+        tk.pre_tokenizer = pre_tokenizers.Split(Regex(r"[^\n]+|\n+"), behavior="isolated")
+        tk.decoder = decoders.Sequence([decoders.Replace(spm.SPACE, " "), decoders.ByteFallback(), decoders.Fuse()])
+        tk.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                               for t, kind in zip(self.tokens, types) if kind == CONTROL])
+        tk.add_tokens([AddedToken(t, special=False, normalized=False)
+                       for t, kind in zip(self.tokens, types) if kind == USER_DEFINED])
+        if bos or eos:
+            tk.post_processor = spm.template(bos, eos, vocab)
         return tk

@@ -54,6 +54,8 @@ def vocab_of_folder(folder: Path, cfg: Any, tk: HFTokenizer, chat_template: str 
     model = spec.get("model") or {}
     if (folder / "tokenizer.model").is_file():
         vocab = _from_sentencepiece(folder, config, n_vocab)
+    elif model.get("type") == "BPE" and model.get("byte_fallback") and rules.get("model") == "gemma4":
+        vocab = _gemma4(folder, tk, model, n_vocab)
     elif model.get("type") == "BPE" and model.get("byte_fallback"):
         vocab = _from_byte_fallback_bpe(folder, tk, model, n_vocab)
     elif model.get("type") == "BPE":
@@ -61,6 +63,8 @@ def vocab_of_folder(folder: Path, cfg: Any, tk: HFTokenizer, chat_template: str 
     else:
         raise where(folder, f"a {model.get('type')} tokenizer cannot be written to GGUF (BPE and SentencePiece can)")
     vocab.special, vocab.add = _special_tokens(folder, config, tokenizer_json, len(vocab.tokens))
+    if vocab.model == "gemma4":  # the converter always says so
+        vocab.add["bos"], vocab.add_space_prefix = True, False
     vocab.chat_template = chat_template
     if rules.get("add_prefix_space_from_config") and isinstance(config.get("add_prefix_space"), bool):
         vocab.add_space_prefix = config["add_prefix_space"]
@@ -105,6 +109,24 @@ def _from_byte_fallback_bpe(folder: Path, tk: HFTokenizer, model: dict, n_vocab:
     # single characters and bytes are never a merge's result; any other piece no merge makes, last.
     scores = [0.0 if types[i] != NORMAL or len(t) == 1 else float(-rank.get(t, 1e9)) for i, t in enumerate(tokens)]
     return GGUFVocab("llama", "default", tokens, types, scores)
+
+
+# Gemma 4's chat-format tokens the converter writes user-defined (always shown) rather than control
+_GEMMA4_VISIBLE = {"<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>", "<|tool_response>", "<tool_response|>",
+                   "<|\"|>"}
+
+
+def _gemma4(folder: Path, tk: HFTokenizer, model: dict, n_vocab: int) -> GGUFVocab:
+    """llama.cpp's gemma4 vocabulary: BPE with its merges over ▁-spaced text, byte pieces as bytes, every
+    score -1000 (llama.cpp merges by the merges' order), the chat-format tokens user-defined."""
+    tokens, types = _tokens(folder, tk, n_vocab)
+    for i, t in enumerate(tokens):
+        if types[i] == NORMAL and _BYTE_PIECE.fullmatch(t):
+            types[i] = BYTE
+        elif t in _GEMMA4_VISIBLE:
+            types[i] = USER_DEFINED
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges") or []]
+    return GGUFVocab("gemma4", None, tokens, types, [-1000.0] * len(tokens), merges)
 
 
 def _from_byte_level_bpe(folder: Path, tk: HFTokenizer, spec: dict, n_vocab: int, first: str | None) -> GGUFVocab:

@@ -74,6 +74,8 @@ class Family:
     gguf_keymap: Callable[[Any], KeyMap]
     gguf_metadata: Callable[[Any, Any], None]  # (GGUFWriter, config): the keys llama.cpp's converter writes
     claims_gguf: Callable[[Any], bool] = lambda fields: True
+    # tensors a GGUF holds that the config computes (Gemma 4's rope_freqs), beside RoPE scaling's factors
+    gguf_tensors: Callable[[Any], list] = lambda config: []
     # the config refined by the file's tensor names, where config.json cannot say (the MTP layers a file holds)
     config_from_hf_tensors: Callable[[Any, Any], Any] = lambda config, names: config
     # the names transformers' model class holds in memory, where they differ from its files' (experts fused)

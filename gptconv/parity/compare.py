@@ -84,6 +84,11 @@ LLAMA_CPP = {
     "gemma3": Tolerance(atol=1e-3, rtol=1e-3, min_top1=0.99),
 }
 LLAMA_CPP["gemma2"] = LLAMA_CPP["gemma3"]  # the same GeGLU, the same table
+# Gemma 4: the same table in its GeGLU and in the per-layer embeddings' gate, through soft-capped logits.
+# Measured max|Δ| on 64 random positions (max|logit| 7–10): E2B-like 0.18, 31B-like 7.4e-3, 26B-like 1.7e-2;
+# with ggml's GELU emulated in ours 1.4e-2, 1.6e-3, 2.2e-3 (test_family_gemma4). Faults in the file stay far
+# above the bound: a window halved 11, RoPE over half the frequencies 9.5, the soft cap halved 0.42.
+LLAMA_CPP["gemma4"] = Tolerance(atol=1e-3, rtol=4e-2, min_top1=0.99)
 # Two float32 computations of the same function in different summation orders (two models' logits
 # compared directly in a test, without a float64 run): max|Δ| ≤ atol + rtol·max|ref|.
 FP32 = Tolerance(atol=1e-4, rtol=1e-5, min_top1=1.0)

@@ -101,7 +101,7 @@ def verify(source: str | Path, dtype: str = "float32", length: int | None = None
     if src.format == "gguf":  # the reference runs on our reading of the file's metadata: check it
         misread = gguf_config_disagreements(src)
         report.notes += misread
-        report.passed = report.passed and not misread
+        report.passed = report.passed and not [m for m in misread if not m.startswith("not cross-checked")]
     return report
 
 

@@ -68,7 +68,7 @@ def _write(w: GGUFWriter, weights: Weights, src, tokenizer, dtype: str, narrow: 
     stored = weights.stored_as(keymap)
     qtypes = [_tensor_type(s.name, s.shape, dtype) for s in stored]
     infos = [(s.name, s.shape, qtype) for s, qtype in zip(stored, qtypes)]
-    factors = _rope_factors(cfg)
+    factors = _rope_factors(cfg) + family.gguf_tensors(cfg)
     infos += [(n, tuple(t.shape), Q.F32) for n, t in factors]
 
     for gguf_name, shape, qtype in infos:
