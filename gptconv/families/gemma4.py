@@ -12,11 +12,31 @@ from __future__ import annotations
 from ..convert.gemma4 import (GEMMA4_HF_STEPS, describe_gemma4, gemma4_config_from_gguf, gemma4_config_from_hf,
                               gemma4_config_to_hf, gemma4_gguf_keymap, gemma4_gguf_metadata, gemma4_gguf_tensors,
                               gemma4_hf_keymap)
+from ..layers.gemma import FULL, SLIDING
 from ..layers.gemma4 import Gemma4, Gemma4Config
-from .base import Family, Wrapper
+from .base import Family, Preset, Wrapper
+
+PRESETS: dict[str, Preset] = {
+    # the sizes (hidden 1536, 35 layers 4 local : 1 global, 8 / 1 heads of 256 / 512, window 512, 256 per
+    # layer per token, 20 KV-shared layers); the MLP's 6144, doubled on the shared layers, from memory
+    "gemma-4-e2b": Preset(Gemma4Config(
+        vocab_size=262144, context_length=131072, d_model=1536, n_layers=35, n_heads=8, n_kv_heads=1, d_ff=6144,
+        head_dim=256, global_head_dim=512, sliding_window=512,
+        layer_types=tuple(FULL if (i + 1) % 5 == 0 else SLIDING for i in range(35)), kv_shared_layers=20,
+        double_wide_mlp=True, ple_dim=256, final_logit_softcapping=30.0, bos_token_id=2, eos_token_id=1),
+        "google/gemma-4-E2B-it"),
+    # sizes from the metadata of llama.cpp's ggml-vocab-gemma-4.gguf (converted from the 26B-A4B); its global
+    # layers' values are their keys, a quarter of their frequencies rotate (transformers' defaults for it)
+    "gemma-4-26b-a4b": Preset(Gemma4Config(
+        vocab_size=262144, context_length=262144, d_model=2816, n_layers=30, n_heads=16, n_kv_heads=8, d_ff=2112,
+        head_dim=256, global_head_dim=512, global_kv_heads=2, sliding_window=1024,
+        layer_types=tuple(FULL if (i + 1) % 6 == 0 else SLIDING for i in range(30)), k_eq_v=True, n_experts=128,
+        n_experts_used=8, moe_d_ff=704, final_logit_softcapping=30.0, bos_token_id=2, eos_token_id=1),
+        "google/gemma-4-26B-A4B-it"),
+}
 
 FAMILY = Family(
-    name="gemma4", config_class=Gemma4Config, model_class=Gemma4, presets={},
+    name="gemma4", config_class=Gemma4Config, model_class=Gemma4, presets=PRESETS,
     hf_model_types=("gemma4_text",), config_from_hf=gemma4_config_from_hf, config_to_hf=gemma4_config_to_hf,
     hf_keymap=gemma4_hf_keymap,
     gguf_arch="gemma4", config_from_gguf=gemma4_config_from_gguf, gguf_keymap=gemma4_gguf_keymap,
