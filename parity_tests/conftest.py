@@ -193,7 +193,8 @@ def parsed_once(monkeypatch):
     """Each GGUF file's metadata parsed once per test by gptconv's reader and once by gguf-py's (which
     transformers reads it with), however many loads read it: parsing a 128k-token vocabulary in Python
     took most of a verify of llama.cpp's converter output (six to seven times the same unchanged file;
-    test_llama_cpp_converter.py, test_qwen2_gguf.py). Keyed on the file's identity, size and
+    test_llama_cpp_converter.py, test_qwen2_gguf.py; each verify of a GGUF against transformers reads it
+    with gguf-py three times: the float64 truth, the reference at the dtype, the config check). Keyed on the file's identity, size and
     modification time, so a file written anew is parsed anew."""
     import gguf
 

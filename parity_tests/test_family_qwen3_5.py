@@ -95,7 +95,7 @@ def test_the_multi_token_prediction_layers_are_dropped_by_name(ckpt, tmp_path, w
     assert r.returncode == 0 and f"dropped       4 tensors by named rules" in r.stdout and f"{where}fc.weight" in r.stdout
 
 
-def test_our_gguf_verifies_against_transformers_gguf_reader(ours_gguf):
+def test_our_gguf_verifies_against_transformers_gguf_reader(ours_gguf, parsed_once):
     """transformers 5.25 reads qwen35 files itself (its GGUF loader undoes the converter's changes): the
     reference is then transformers' own reading of our file."""
     report = gptconv.verify(str(ours_gguf), length=48)
