@@ -45,8 +45,9 @@ $(LLAMA_CPP): $(STAMP)
 	touch $@
 
 # two workers (pytest-xdist), a test file each at a time: one pytest process keeps a 2-core machine
-# two-thirds busy (fixtures, subprocesses, file I/O); PYTEST_ARGS="-n 0" runs in one process
-PYTEST_ARGS ?= -n 2 --dist loadfile
+# two-thirds busy (fixtures, subprocesses, file I/O); PYTEST_ARGS="-n 0" runs in one process. Files are handed
+# out in collection order, the costliest first (conftest.py's HEAVIEST_FIRST), not xdist's most-tests-first
+PYTEST_ARGS ?= -n 2 --dist loadfile --no-loadscope-reorder
 test: $(STAMP) $(LLAMA_CPP) $(LLAMA_SRC)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 

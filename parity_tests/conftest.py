@@ -119,6 +119,23 @@ def converter_fixtures(tmp_path_factory, smollm2) -> Mapping[str, Path]:
     return _Lazy(CONVERTER_FIXTURES, make)
 
 
+# The costliest files first (seconds on the 2-core CI machine, measured with -n 2 --dist loadfile), the rest in
+# collection order after them: with --no-loadscope-reorder (the Makefile) xdist hands files to its workers in
+# this order, so the last file to start is a short one and neither worker waits long for the other at the
+# end. xdist's own order (most tests first) started Gemma 3 270M's 4 tests (~230 s) and test_bench.py's one
+# (~100 s) among the last. A file missing here only starts later; nothing is skipped.
+HEAVIEST_FIRST = ["test_llama_cpp_converter.py", "test_multimodal.py", "test_family_qwen3_moe.py",
+                  "test_untrusted_input.py", "test_real_weights.py", "test_low_precision.py", "test_gguf_reference.py",
+                  "test_family_qwen3_5_moe.py", "test_perplexity.py", "test_hub.py", "test_quantized_export.py",
+                  "test_gguf_errors.py", "test_family_qwen3_5.py", "test_llama_cpp.py", "test_bench.py",
+                  "test_cli_help.py", "test_verify.py", "test_family_lfm2.py"]
+
+
+def pytest_collection_modifyitems(session, config, items):
+    rank = {name: i for i, name in enumerate(HEAVIEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file's tests keep their order
+
+
 # The planted-bug catalog's verdict matrix (test_planted_bugs.py): each worker appends its rows to a
 # file in one folder, and the controlling process prints the matrix at the end of the run.
 def pytest_configure(config):
@@ -193,11 +210,13 @@ def parsed_once(monkeypatch):
     """Each GGUF file's metadata parsed once per test by gptconv's reader and once by gguf-py's (which
     transformers reads it with), however many loads read it: parsing a 128k-token vocabulary in Python
     took most of a verify of llama.cpp's converter output (six to seven times the same unchanged file;
-    test_llama_cpp_converter.py, test_qwen2_gguf.py). Keyed on the file's identity, size and
+    test_llama_cpp_converter.py, test_qwen2_gguf.py; each verify of a GGUF against transformers reads it
+    with gguf-py three times: the float64 truth, the reference at the dtype, the config check). Keyed on the file's identity, size and
     modification time, so a file written anew is parsed anew."""
     import gguf
 
     import gptconv.sources.gguf_file as gguf_file
+    import llama_cpp_tools
 
     def once(make):
         made = {}
@@ -210,4 +229,6 @@ def parsed_once(monkeypatch):
             return made[key]
         return reader
     monkeypatch.setattr(gguf_file, "CheckedReader", once(gguf_file.CheckedReader))
-    monkeypatch.setattr(gguf, "GGUFReader", once(gguf.GGUFReader))
+    # transformers' reads through a plain view of the file's mapping: the same fields and tensors, ~3× faster
+    # (llama_cpp_tools.PlainReader)
+    monkeypatch.setattr(gguf, "GGUFReader", once(llama_cpp_tools.PlainReader))

@@ -117,14 +117,28 @@ def phi3_added_tokens(folder: Path) -> None:
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
 
 
+class PlainReader(GGUFReader):
+    """gguf-py's GGUFReader reading through a plain ndarray view of its memory map: the same bytes, so the same
+    fields (parts, types, data) and tensors, parsed ~3× faster. numpy's memmap subclass runs Python code on
+    every slice (``__getitem__``, ``__array_finalize__``), and the reader takes one or two slices per item: for
+    Qwen2's 151,936 tokens and 151,387 merges that was 9 s of a 12 s parse."""
+
+    def _get(self, offset, dtype, count=1, override_order=None):
+        if type(self.data) is np.memmap:
+            self.data = self.data.view(np.ndarray)  # still the file's mapping, not a copy
+        return super()._get(offset, dtype, count, override_order)
+
+
 def _raw(field) -> bytes:
     return b"".join(np.asarray(part).tobytes() for part in field.parts)
 
 
-def differences(ours: Path, theirs: Path) -> tuple[dict[str, tuple], list[str]]:
+def differences(ours: Path | GGUFReader, theirs: Path | GGUFReader) -> tuple[dict[str, tuple], list[str]]:
     """(metadata keys whose values differ → (ours, theirs)), and every tensor that differs in name,
-    type, shape or bytes. Values are compared as the bytes the files hold (type included)."""
-    ra, rb = GGUFReader(ours), GGUFReader(theirs)  # each read once: ~10 s for Llama 3's 128k tokens and 280k merges
+    type, shape or bytes. Values are compared as the bytes the files hold (type included). Either file may
+    be given already read (``PlainReader``), for a caller that reads its fields too."""
+    # each read once: ~3 s for Llama 3's 128k tokens and 280k merges (~10 s through np.memmap)
+    ra, rb = (f if isinstance(f, GGUFReader) else PlainReader(f) for f in (ours, theirs))
     a = {k: f for k, f in ra.fields.items() if not k.startswith("GGUF.")}
     b = {k: f for k, f in rb.fields.items() if not k.startswith("GGUF.")}
     show = lambda f: "<absent>" if f is None else f.contents() if len(f.data) < 20 else f"[{len(f.data)} items]"  # noqa: E731

@@ -142,7 +142,7 @@ def test_mtp_layers_export_as_llama_cpps_converter_writes_them(mtp_ckpt, tmp_pat
         assert all(a.get_tensor(k).equal(b.get_tensor(k)) for k in released)
 
 
-def test_our_gguf_verifies_against_transformers_gguf_reader(ours_gguf):
+def test_our_gguf_verifies_against_transformers_gguf_reader(ours_gguf, parsed_once):
     """transformers 5.25 reads qwen35 files itself (its GGUF loader undoes the converter's changes): the
     reference is then transformers' own reading of our file."""
     report = gptconv.verify(str(ours_gguf), length=48)

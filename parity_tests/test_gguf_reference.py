@@ -78,7 +78,7 @@ def test_factors_no_llama3_scaling_gives_are_said_in_one_line(scaled_ggufs, tmp_
     assert run_cli("verify", path, "--against", "llama.cpp").returncode == 0  # llama.cpp reads the factors
 
 
-def test_a_misread_config_field_fails_even_though_both_models_use_it(smollm2, monkeypatch):
+def test_a_misread_config_field_fails_even_though_both_models_use_it(smollm2, parsed_once, monkeypatch):
     """The reference runs on our reading of the metadata, so a misread field would pass unseen:
     transformers' own reading of the file must agree with ours."""
     import dataclasses

@@ -30,7 +30,7 @@ def test_correct_random_models_pass(request, fixture, name, dtype):
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_smollm2_passes_at_low_precision(smollm2, shared_references, dtype):
+def test_smollm2_passes_at_low_precision(smollm2, shared_references, parsed_once, dtype):
     """Real weights: our fp16/bf16 logits are as far from fp32 as transformers' own fp16/bf16 are. (In
     process, so that the float64 truth is run once for both dtypes and the planted fault below; the
     command line's verify --dtype --json on real weights: test_real_weights.py.)"""
@@ -55,7 +55,7 @@ def theta_1e4(monkeypatch):
     monkeypatch.setattr(verify_run, "load_source", wrong)
 
 
-def test_smollm2_planted_rope_theta_fails_at_bfloat16(smollm2, shared_references, theta_1e4):
+def test_smollm2_planted_rope_theta_fails_at_bfloat16(smollm2, shared_references, parsed_once, theta_1e4):
     report = verify(str(smollm2), dtype="bfloat16")
     assert not report.passed
     assert report.first_divergent_step == "block.0"

@@ -26,9 +26,10 @@ def _verify(path, dtype: str, *extra: str) -> dict:
     return report
 
 
-# Gemma 3 in process: transformers' float64 truth (and its GGUF load) made once for the three dtypes
+# Gemma 3 in process: transformers' float64 truth (and its GGUF load) made once for the three dtypes; each test
+# parses the file once per reader (parsed_once)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_gemma3_270m_passes(gemma3_270m, shared_references, dtype):
+def test_gemma3_270m_passes(gemma3_270m, shared_references, parsed_once, dtype):
     report = verify(str(gemma3_270m), dtype=dtype, length=128)
     assert report.passed is True and report.tolerance["rule"] == "calibrated", (report.first_divergent_step, report.notes)
     ratios = [s.ratio for s in report.steps if s.ratio is not None]
@@ -38,7 +39,7 @@ def test_gemma3_270m_passes(gemma3_270m, shared_references, dtype):
           f"KL mean {report.kl_mean:.3e} ({own['kl_mean']:.3e})")
 
 
-def test_gemma3_270m_in_float16_cannot_be_judged(gemma3_270m, shared_references):
+def test_gemma3_270m_in_float16_cannot_be_judged(gemma3_270m, shared_references, parsed_once):
     """Gemma 3's activations pass float16's range (65,504): transformers' own float16 run holds Inf from
     a middle block on, so there is no float16 error to judge ours by — an error (exit 2 on the command
     line, in one line), neither PASSED nor FAILED."""
