@@ -98,23 +98,14 @@ class Gemma(nn.Module):
         (B, T), 0 at pad tokens (left or right): each sequence gets the logits it gets alone."""
         c = self.config
         step = Step.begin(ids, cache, attention_mask, tap, c.context_length)
-        # √d rounded to the weights' dtype first, as HF does (in bfloat16 √640 is 25.25, not 25.298)
-        x = self.tok_emb(ids) * torch.tensor(c.d_model**0.5).to(self.tok_emb.weight.dtype)  # (B, T, d)
+        x = scaled_embedding(self.tok_emb, ids)                     # (B, T, d)
         tap("token_embedding", x)
         angles = {kind: step.angles(self.inv_freq(kind, ids.device), x.dtype)  # (T, hd) each: local and global
                   for kind in set(c.layer_types)}
         for i, block in enumerate(self.blocks):
             x = block(x, step.at(i, angles[c.layer_types[i]]))      # (B, T, d)
             tap(f"block.{i}", x)
-        if last_only:
-            x = x[:, -1:]                                           # (B, 1, d): only the next token matters
-        x = self.norm_f(x)                                          # (B, T, d)
-        tap("final_norm", x)
-        logits = linear(x, self.tok_emb.weight)                     # (B, T, V): the head is the embedding
-        if c.final_logit_softcapping is not None:
-            logits = soft_cap(logits, c.final_logit_softcapping)    # (B, T, V), within ±cap
-        tap("logits", logits)
-        return logits
+        return tied_head(x, self.norm_f, self.tok_emb.weight, c.final_logit_softcapping, last_only, tap)
 
     def inv_freq(self, kind: str, device: torch.device) -> torch.Tensor:
         if (kind, device) not in self._inv_freq:
@@ -145,6 +136,28 @@ class Block(nn.Module):
         h = self.post_mlp_norm(self.mlp(self.norm2(x)))             # (B, T, d)
         step.tap("post_feedforward_norm", h)
         return x + h
+
+
+def scaled_embedding(emb: nn.Embedding, ids: torch.Tensor, d: int | None = None) -> torch.Tensor:
+    """The ids' rows × √d (d: the rows' width unless given), √d rounded to the weights' dtype first, as HF
+    does (in bfloat16 √640 is 25.25, not 25.298)."""
+    d = emb.embedding_dim if d is None else d
+    return emb(ids) * torch.tensor(d**0.5).to(emb.weight.dtype)
+
+
+def tied_head(x: torch.Tensor, norm: nn.Module, embedding: torch.Tensor, cap: float | None, last_only: bool,
+              tap: Tap) -> torch.Tensor:
+    """The last blocks' output (B, T, d) → logits (B, T, V), or (B, 1, V) with ``last_only``: the final norm,
+    the embedding as the head, the soft cap where there is one."""
+    if last_only:
+        x = x[:, -1:]                                               # (B, 1, d): only the next token matters
+    x = norm(x)                                                     # (B, T, d)
+    tap("final_norm", x)
+    logits = linear(x, embedding)                                   # (B, T, V): the head is the embedding
+    if cap is not None:
+        logits = soft_cap(logits, cap)                              # (B, T, V), within ±cap
+    tap("logits", logits)
+    return logits
 
 
 def soft_cap(x: torch.Tensor, cap: float) -> torch.Tensor:

@@ -31,11 +31,12 @@ import torch.nn.functional as F
 
 from .attention import causal_attention
 from .config_checks import check_range, check_sizes
-from .gemma import FULL, SLIDING, soft_cap
+from .gemma import FULL, SLIDING, scaled_embedding, tied_head
 from .kv_cache import KVCache, LayerKV, SharedKV
-from .linear import Linear, linear
-from .mlp import GeGLU
-from .norms import plain_rms_norm, rms_norm_f32
+from .linear import Linear
+from .mlp import GeGLU, mix_experts
+from .norms import F32RMSNorm as RMSNorm
+from .norms import plain_rms_norm
 from .rope import rope, rope_frequencies
 from .step import Step
 from .tap import Tap, no_tap
@@ -157,8 +158,7 @@ class Gemma4(nn.Module):
         (B, T), 0 at pad tokens (left or right): each sequence gets the logits it gets alone."""
         c = self.config
         step = Step.begin(ids, cache, attention_mask, tap, c.context_length)
-        # √d rounded to the weights' dtype first, as HF does
-        x = self.tok_emb(ids) * torch.tensor(c.d_model**0.5).to(self.tok_emb.weight.dtype)  # (B, T, d)
+        x = scaled_embedding(self.tok_emb, ids)                     # (B, T, d)
         tap("token_embedding", x)
         per_layer = self.ple(ids, x) if self.ple is not None else None  # (B, T, L, p)
         if per_layer is not None:
@@ -169,15 +169,7 @@ class Gemma4(nn.Module):
             x = block(x, step.at(i, angles[c.layer_types[i]]), shared,
                       per_layer[:, :, i] if per_layer is not None else None)  # (B, T, d)
             tap(f"block.{i}", x)
-        if last_only:
-            x = x[:, -1:]                                           # (B, 1, d): only the next token matters
-        x = self.norm_f(x)                                          # (B, T, d)
-        tap("final_norm", x)
-        logits = linear(x, self.tok_emb.weight)                     # (B, T, V): the head is the embedding
-        if c.final_logit_softcapping is not None:
-            logits = soft_cap(logits, c.final_logit_softcapping)    # (B, T, V), within ±cap
-        tap("logits", logits)
-        return logits
+        return tied_head(x, self.norm_f, self.tok_emb.weight, c.final_logit_softcapping, last_only, tap)
 
     def inv_freq(self, kind: str, device: torch.device) -> torch.Tensor:
         """Local layers: every frequency of head_dim; global ones: the first fraction of global_head_dim's,
@@ -193,18 +185,6 @@ class Gemma4(nn.Module):
         return self._inv_freq[kind, device]
 
 
-class RMSNorm(nn.Module):
-    """x / √(mean(x²) + eps) · w in float32, rounded once (Gemma 4's; Llama's rounds before the weight)."""
-
-    def __init__(self, d: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(d))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm_f32(x, self.weight, self.eps)
-
-
 class PerLayerEmbedding(nn.Module):
     """Each token's vector for every layer: (its row of ``table`` · √p + norm(proj(x) · d^-½)) · 2^-½."""
 
@@ -218,8 +198,7 @@ class PerLayerEmbedding(nn.Module):
     def forward(self, ids: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """ids (B, T), the scaled embedding x (B, T, d) → (B, T, L, p)."""
         B, T, d = x.shape
-        scale = torch.tensor(self.dim**0.5).to(self.table.weight.dtype)  # rounded to the weights' dtype, as HF
-        token = (self.table(ids) * scale).view(B, T, self.n_layers, self.dim)
+        token = scaled_embedding(self.table, ids, self.dim).view(B, T, self.n_layers, self.dim)  # × √p
         context = self.norm((self.proj(x) * d**-0.5).view(B, T, self.n_layers, self.dim))
         return (context + token) * 2**-0.5
 
@@ -302,12 +281,7 @@ class Experts(nn.Module):
         self.experts = nn.ModuleList(GeGLU(c.d_model, c.moe_d_ff) for _ in range(c.n_experts))
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
-        out = torch.zeros_like(x)                                   # (N, d)
-        for e, expert in enumerate(self.experts):
-            token, slot = (chosen == e).nonzero(as_tuple=True)      # the tokens that chose expert e
-            if token.numel():
-                out.index_add_(0, token, (expert(x[token]) * weights[token, slot, None]).to(x.dtype))
-        return out
+        return mix_experts(x, self.experts, weights, chosen)        # (N, d)
 
 
 class Block(nn.Module):

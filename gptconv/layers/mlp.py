@@ -46,6 +46,16 @@ class GeGLU(nn.Module):
         return geglu(x, self.gate, self.up, self.down)
 
 
+def mix_experts(x: torch.Tensor, experts: nn.ModuleList, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+    """Each token's chosen experts' outputs × their weights, summed: x (N, d), weights and chosen (N, k)."""
+    out = torch.zeros_like(x)
+    for e, expert in enumerate(experts):
+        token, slot = (chosen == e).nonzero(as_tuple=True)          # the tokens that chose expert e
+        if token.numel():
+            out.index_add_(0, token, (expert(x[token]) * weights[token, slot, None]).to(x.dtype))
+    return out
+
+
 class MoE(nn.Module):
     """A sparse MLP: a linear router scores the experts per token; the top ``top_k`` (by softmax
     probability, renormalised to sum to 1 where ``normalize``, as Mixtral; Qwen3-MoE says so in its
@@ -72,11 +82,7 @@ class MoE(nn.Module):
         if self.normalize:
             weights = weights / weights.sum(-1, keepdim=True)       # the chosen k sum to 1
         tap("chosen_experts", chosen)
-        out = torch.zeros_like(x)
-        for e, expert in enumerate(self.experts):
-            token, slot = (chosen == e).nonzero(as_tuple=True)      # the tokens that chose expert e
-            if token.numel():
-                out.index_add_(0, token, (expert(x[token]) * weights[token, slot, None]).to(x.dtype))
+        out = mix_experts(x, self.experts, weights, chosen)         # (N, d)
         if self.shared is not None:
             out = out + self.gated_shared(x)                        # (N, d): every token
         return out.view(B, T, d)

@@ -44,6 +44,13 @@ class RMSNorm(nn.Module):
         return rms_norm(x, self.weight, self.eps)
 
 
+class F32RMSNorm(RMSNorm):
+    """RMSNorm scaling by w in float32, rounded once (Gemma 4's; ``RMSNorm`` rounds before the weight)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm_f32(x, self.weight, self.eps)
+
+
 class OffsetRMSNorm(nn.Module):
     """RMSNorm scaling by (1 + w)."""
 

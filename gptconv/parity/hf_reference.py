@@ -116,11 +116,12 @@ def gguf_transformers_model(src, dtype: torch.dtype = torch.float32) -> nn.Modul
                               "verify it with --against llama.cpp") from None
 
 
-def gguf_config_disagreements(src) -> list[str]:
+def gguf_config_disagreements(src) -> tuple[list[str], list[str]]:
     """The fields where transformers' own reading of a GGUF file's metadata differs from ours. The
     reference runs on our reading (see :func:`gguf_transformers_model`), so a field we misread would
     go unseen; transformers reads some of them independently (its GGUF_CONFIG_MAPPING: sizes, eps,
-    RoPE theta; not RoPE scaling, not GPT-2's context), and those must agree."""
+    RoPE theta; not RoPE scaling, not GPT-2's context), and those must agree. Returns (those disagreements,
+    notes on what could not be cross-checked)."""
     from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
 
     transformers = _transformers()
@@ -131,8 +132,8 @@ def gguf_config_disagreements(src) -> list[str]:
             theirs = transformers.AutoConfig.from_pretrained(src.path.parent, gguf_file=src.path.name).to_dict()
     except Exception as e:  # noqa: BLE001 - its config classes refuse what its GGUF mapping makes (Gemma 4's lists)
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        return [f"not cross-checked: transformers cannot read this file's metadata itself ({type(e).__name__}: "
-                f"{first[:120]}); its reference ran on our reading of it"]
+        return [], [f"not cross-checked: transformers cannot read this file's metadata itself ({type(e).__name__}: "
+                    f"{first[:120]}); its reference ran on our reading of it"]
     theirs["rope_theta"] = (theirs.get("rope_parameters") or {}).get("rope_theta", theirs.get("rope_theta"))
     read = set(GGUF_CONFIG_MAPPING.get(ours["model_type"], {}).values())
     out = []
@@ -141,7 +142,7 @@ def gguf_config_disagreements(src) -> list[str]:
         same = math.isclose(value, other, rel_tol=1e-6) if isinstance(value, float) else value == other
         if value is not None and other is not None and not same:
             out.append(f"transformers reads {key} = {other!r} from the file, we read {value!r}")
-    return out
+    return out, []
 
 
 def _fill(src, hf: nn.Module, stored: dict[str, str], blockwise: bool, dtype: torch.dtype) -> nn.Module:
