@@ -25,8 +25,9 @@ SHAPE = dict(vocab_size=32000, max_position_embeddings=64, hidden_size=64, inter
 # (llama.cpp needs the layer before the shared ones global and the one before it local, as in the E2B)
 STEPS = ["per_layer_embedding", "block.0.per_layer_input", "KV sharing: the last 3 layers", "3←1, 4←1, 5←2",
          "8 of them rotated: proportional RoPE"]
-# the card's "2.3B effective": ours without the per-layer table (262,144 × 35 × 256) is 2,279,759,139
-PRESETS = {"gemma-4-e2b": 4_628_569_379}
+# the card's "2.3B effective": ours without the per-layer table (262,144 × 35 × 256) is 2,279,759,139; the E4B's
+# without its table (262,144 × 42 × 256) 4,644,441,130
+PRESETS = {"gemma-4-e2b": 4_628_569_379, "gemma-4-e4b": 7_463_013_418}
 FLOAT64_BOUND = True  # transformers' own float32 is 1.8e-4 from its float64 here (ours 1.6e-4)
 
 

@@ -14,9 +14,6 @@ from gptconv.llamacpp import LlamaCpp
 from helpers import TORTURE
 
 VOCABULARIES = ["gpt-2", "llama-bpe", "llama-spm", "phi-3", "qwen2", "gemma-4"]  # every family we support
-# Known: on the gemma-4 vocabulary llama.cpp splits the text "</s>" (a normal token it also marks end-of-generation)
-# into "</", "s", ">", where ours keeps it whole, as it must for Qwen2's; its own cases all pass
-TORTURE_KNOWN = {"gemma-4": "llama.cpp splits the text '</s>' on gemma-4; ours keeps it one token"}
 
 
 @cache
@@ -34,8 +31,7 @@ def test_llama_cpp_vocabulary_cases(name):
     assert not failed, failed[:3]
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(reason=TORTURE_KNOWN[n], strict=True))
-                                  if n in TORTURE_KNOWN else n for n in VOCABULARIES])
+@pytest.mark.parametrize("name", VOCABULARIES)
 def test_ids_equal_llama_cpp_on_the_torture_set(name):
     path = llama_cpp_tools.vocab_file(name)
     tok = tokenizer(name)

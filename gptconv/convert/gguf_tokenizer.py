@@ -66,6 +66,9 @@ _CONTROL_BY_TEXT = frozenset((
     "<|return|>", "<|call|>", "<|calls|>", "<|flush|>", "<|tool_response>", "[e~[",
     "<｜end▁of▁sentence｜>", "<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>",
 ))
+# ... except in a vocabulary that marks its "</s>" as a normal one (Gemma 4 by its "<|tool_response>", PLaMo
+# by an end-of-generation "<|plamo:eos|>"): there llama.cpp makes "</s>" a normal token, whatever its type.
+_NORMAL_S_MARKERS = ("<|tool_response>", "<|plamo:eos|>")
 # Phi-3 (by general.name): llama.cpp strips the spaces after its special tokens, except these.
 _KEEP_SPACE = ("<unk>", "<s>", "<|endoftext|>")  # special tokens that keep the space after them even so
 
@@ -158,10 +161,20 @@ class GGUFVocab:
             return self.model in ("llama", "gemma4") or self.pre in _LLAMA3_NAMES
         return False
 
+    def llama_cpp_types(self) -> list[int]:
+        """The token types llama.cpp tokenizes by: the file's, with the tokens it knows by their text made
+        control tokens (``_CONTROL_BY_TEXT``), and "</s>" made normal where the vocabulary says so."""
+        types = [CONTROL if t in _CONTROL_BY_TEXT and kind != CONTROL else kind for t, kind in zip(self.tokens, self.types)]
+        eog = {self.tokens[i] for kind, i in self.special.items() if kind in ("eos", "eot", "eom") and 0 <= i < len(types)}
+        eog |= {t for t in _NORMAL_S_MARKERS if t in _CONTROL_BY_TEXT and t in self.tokens}  # EOG by their text
+        if "</s>" in self.tokens and eog & set(_NORMAL_S_MARKERS):
+            types[self.tokens.index("</s>")] = NORMAL
+        return types
+
     def tokenizer(self, origin: object) -> HFTokenizer:
         """The ``tokenizers`` Tokenizer giving llama.cpp's ids for this vocabulary."""
         token = lambda kind: self.tokens[self.special[kind]] if kind in self.special and self.adds(kind) else None  # noqa: E731
-        types = [CONTROL if t in _CONTROL_BY_TEXT and kind != CONTROL else kind for t, kind in zip(self.tokens, self.types)]
+        types = self.llama_cpp_types()
         if self.model == "llama":
             pieces = spm.Pieces(self.tokens, self.scores or [0.0] * len(self.tokens), types,
                                 add_dummy_prefix=self.add_space_prefix is not False)

@@ -18,13 +18,30 @@ from .base import Family, Preset, Wrapper
 
 PRESETS: dict[str, Preset] = {
     # the issue's sizes (hidden 1536, 35 layers 4 local : 1 global, 8 / 1 heads of 256 / 512, window 512, 256 per
-    # layer per token, 20 KV-shared layers); the MLP's 6144, doubled on the shared layers, from memory
+    # layer per token, 20 KV-shared layers); the MLP's 6144, doubled on the shared layers, as its config.json
+    # gives it (quoted in several public projects' tests)
     "gemma-4-e2b": Preset(Gemma4Config(
         vocab_size=262144, context_length=131072, d_model=1536, n_layers=35, n_heads=8, n_kv_heads=1, d_ff=6144,
         head_dim=256, global_head_dim=512, sliding_window=512,
         layer_types=tuple(FULL if (i + 1) % 5 == 0 else SLIDING for i in range(35)), kv_shared_layers=20,
         double_wide_mlp=True, ple_dim=256, final_logit_softcapping=30.0, bos_token_id=2, eos_token_id=1),
         "google/gemma-4-E2B-it"),
+    # the sizes of its config.json as public projects quote it (NeMo Megatron-Bridge's Gemma 4 E4B recipe, and
+    # others): 42 layers 5 local : 1 global, 8 / 2 heads of 256 / 512, 18 KV-shared layers, MLPs not widened
+    "gemma-4-e4b": Preset(Gemma4Config(
+        vocab_size=262144, context_length=131072, d_model=2560, n_layers=42, n_heads=8, n_kv_heads=2, d_ff=10240,
+        head_dim=256, global_head_dim=512, sliding_window=512,
+        layer_types=tuple(FULL if (i + 1) % 6 == 0 else SLIDING for i in range(42)), kv_shared_layers=18,
+        ple_dim=256, final_logit_softcapping=30.0, bos_token_id=2, eos_token_id=1),
+        "google/gemma-4-E4B-it"),
+    # its config.json as public projects quote it: 60 layers 5 local : 1 global, 32 heads, 16 K/V heads of 256 on
+    # the local layers and 4 of 512 on the global ones, whose values are their keys
+    "gemma-4-31b": Preset(Gemma4Config(
+        vocab_size=262144, context_length=262144, d_model=5376, n_layers=60, n_heads=32, n_kv_heads=16, d_ff=21504,
+        head_dim=256, global_head_dim=512, global_kv_heads=4, sliding_window=1024,
+        layer_types=tuple(FULL if (i + 1) % 6 == 0 else SLIDING for i in range(60)), k_eq_v=True,
+        final_logit_softcapping=30.0, bos_token_id=2, eos_token_id=1),
+        "google/gemma-4-31B-it"),
     # sizes from the metadata of llama.cpp's ggml-vocab-gemma-4.gguf (converted from the 26B-A4B); its global
     # layers' values are their keys, a quarter of their frequencies rotate (transformers' defaults for it)
     "gemma-4-26b-a4b": Preset(Gemma4Config(
