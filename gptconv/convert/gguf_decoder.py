@@ -115,9 +115,12 @@ def yarn_of(f: Any) -> RopeScaling:
                        beta_slow=f.get(Keys.Rope.SCALING_YARN_BETA_SLOW, float, 1.0))
 
 
-def add_yarn_scaling(w: Any, cfg: LlamaConfig) -> None:
+def add_yarn_scaling(w: Any, cfg: LlamaConfig, rounds_ramp: bool = False, attn_factor: bool = True) -> None:
     """YaRN as llama.cpp's converter writes it (the attention factor too, which llama.cpp recomputes: a
-    factor other than 0.1·ln factor + 1 is refused, since llama.cpp would not run it)."""
+    factor other than 0.1·ln factor + 1 is refused, since llama.cpp would not run it). llama.cpp rounds the
+    ramp's edges out to whole dimensions: a config that does not is refused, unless ``rounds_ramp`` says the
+    family's file is written so all the same (gpt-oss, by llama.cpp's converter). ``attn_factor``: the
+    converter writes the attention factor (for gpt-oss, whose config gives none, it does not)."""
     import math
     s = cfg.rope_scaling
     if s is None or s.kind != "yarn":
@@ -125,12 +128,13 @@ def add_yarn_scaling(w: Any, cfg: LlamaConfig) -> None:
     if not math.isclose(s.attention_factor, 0.1 * math.log(s.factor) + 1.0 if s.factor > 1 else 1.0, rel_tol=1e-6):
         raise GptconvError(f"YaRN attention factor {s.attention_factor:g}: llama.cpp computes its own "
                            "(0.1·ln factor + 1); not exported")
-    if not s.truncate:
+    if not s.truncate and not rounds_ramp:
         raise GptconvError("YaRN without truncated correction dimensions: llama.cpp has no such key; not exported")
     w.add_rope_scaling_type(RopeScalingType.YARN)
     w.add_rope_scaling_factor(s.factor)
     w.add_rope_scaling_orig_ctx_len(s.original_context_length)
-    w.add_rope_scaling_yarn_attn_factor(s.attention_factor)
+    if attn_factor:
+        w.add_rope_scaling_yarn_attn_factor(s.attention_factor)
     w.add_rope_scaling_yarn_beta_fast(s.beta_fast)
     w.add_rope_scaling_yarn_beta_slow(s.beta_slow)
 

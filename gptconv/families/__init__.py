@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import GptconvError, where
-from . import (ernie4_5, exaone4, gemma2, gemma3, gemma4, gpt2, granite, lfm2, llama, mistral, mixtral, olmo2, phi3, qwen2,
+from . import (ernie4_5, exaone4, gemma2, gemma3, gemma4, gpt2, gpt_oss, granite, lfm2, llama, mistral, mixtral, olmo2, phi3, qwen2,
                qwen3, qwen3_5, qwen3_5_moe, qwen3_moe, qwen3_next, smollm3)
 from .base import Family, Preset, Wrapper
 
@@ -37,6 +37,7 @@ FAMILIES: tuple[Family, ...] = (
     smollm3.FAMILY,
     lfm2.FAMILY,
     gemma4.FAMILY,
+    gpt_oss.FAMILY,
 )
 
 BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES}

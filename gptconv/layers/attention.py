@@ -77,6 +77,7 @@ def causal_attention(
     scale: float | None = None,
     padding: Padding | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """softmax(q kᵀ · scale + mask) v, with torch's fused kernel (scale defaults to 1/√hd).
 
@@ -88,12 +89,14 @@ def causal_attention(
     n_heads / n_kv_heads query heads (torch's ``enable_gqa`` is ``repeat_kv`` without the copy).
     With ``padding`` (a batch with pad tokens) its mask says what each query sees. ``softcap`` (Gemma 2):
     scores become softcap · tanh(scores / softcap) before the mask, which torch's fused kernel cannot do.
+    ``sinks`` (gpt-oss): a learned logit per head, (n_heads,), that joins each query's softmax as one more
+    key with no value: the weights of the real keys sum to less than 1, and attending to nothing is possible.
     """
     gqa = k.size(1) != q.size(1)
     t, n = q.size(2), k.size(2)
-    if softcap is not None:
+    if softcap is not None or sinks is not None:
         visible = padding.mask(window) if padding is not None else attention_mask(t, n - t, window, q.device)
-        return capped_attention(q, k, v, visible, scale, softcap, dropout_p)
+        return spelled_attention(q, k, v, visible, scale, dropout_p, softcap, sinks)
     kw = dict(dropout_p=dropout_p, enable_gqa=gqa, scale=scale)
     if padding is not None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=padding.mask(window), **kw)
@@ -106,17 +109,23 @@ def causal_attention(
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask(t, past, window, q.device), **kw)
 
 
-def capped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor, scale: float | None,
-                     softcap: float, dropout_p: float) -> torch.Tensor:
-    """softmax(cap · tanh(q kᵀ · scale / cap) + mask) v, spelled out: the softmax in float32, as HF's
-    eager attention (the only one transformers runs Gemma 2 with). ``visible``: (…, T, N) booleans."""
+def spelled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor, scale: float | None,
+                      dropout_p: float, softcap: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """softmax(cap · tanh(q kᵀ · scale / cap) + mask) v, spelled out where torch's fused kernel cannot do it:
+    a soft cap on the scores (Gemma 2), a sink logit per head (gpt-oss) joining the softmax and dropped after
+    it. The softmax in float32, as HF's eager attention. ``visible``: (…, T, N) booleans."""
     group = q.size(1) // k.size(1)
     if group > 1:  # GQA: each K/V head serves ``group`` query heads
         k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
     scores = q @ k.transpose(-1, -2) * (q.size(-1) ** -0.5 if scale is None else scale)  # (B, h, T, N)
-    scores = torch.tanh(scores / softcap) * softcap
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     scores = scores.masked_fill(~visible, float("-inf"))
-    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    if sinks is not None:                                       # (B, h, T, N + 1): the sink is one more column
+        sink = sinks.to(scores.dtype).view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+        weights = torch.softmax(torch.cat((scores, sink), -1), dim=-1, dtype=torch.float32)[..., :-1].to(q.dtype)
+    else:
+        weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
     if dropout_p:
         weights = torch.nn.functional.dropout(weights, dropout_p)
     return weights @ v
@@ -139,13 +148,14 @@ class Attention(nn.Module):
     projection. What a family varies is what it passes: biases, the head norm (``qk_norm``: a norm
     module's class; ``qk_norm_over`` "head": built for head_dim and shared by the heads, "all": over the
     whole projection, before it is split into heads, as OLMo 2), the window of this layer, whether it
-    rotates at all (``rope`` False: a NoPE layer, SmolLM3's every 4th), the scale, a soft cap on scores, and
-    an output gate (``gate``: the heads' output × sigmoid(gate(x)) before the output projection, Qwen3-Next)."""
+    rotates at all (``rope`` False: a NoPE layer, SmolLM3's every 4th), the scale, a soft cap on scores, an
+    output gate (``gate``: the heads' output × sigmoid(gate(x)) before the output projection, Qwen3-Next), and
+    attention sinks (``sinks``: a learned logit per head in the softmax, gpt-oss)."""
 
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, head_dim: int, *, qkv_bias: bool = False,
                  o_bias: bool = False, qk_norm: Callable[[int], nn.Module] | None = None, qk_norm_over: str = "head",
                  window: int | None = None, rope: bool = True, scale: float | None = None, softcap: float | None = None,
-                 gate: bool = False, dropout: float = 0.0) -> None:
+                 gate: bool = False, sinks: bool = False, dropout: float = 0.0) -> None:
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
         self.q = Linear(d_model, n_heads * head_dim, bias=qkv_bias)
@@ -160,6 +170,7 @@ class Attention(nn.Module):
         self.q_norm = qk_norm(n_heads * head_dim if whole else head_dim) if qk_norm else None
         self.k_norm = qk_norm(n_kv_heads * head_dim if whole else head_dim) if qk_norm else None
         self.window, self.rope, self.scale, self.softcap, self.dropout = window, rope, scale, softcap, dropout
+        self.sinks = nn.Parameter(torch.zeros(n_heads)) if sinks else None  # (h,): each head's sink logit
 
     def make_state(self, batch: int, max_len: int, dtype: torch.dtype, device: torch.device,
                    reserve: int | None) -> LayerKV:
@@ -187,7 +198,7 @@ class Attention(nn.Module):
             k, v = step.cache.update(step.layer, k, v)              # (B, h_kv, past + T, hd)
         p = self.dropout if self.training else 0.0
         # (B, h, T, hd): GQA shares K/V
-        y = causal_attention(q, k, v, k.size(2) - T, p, self.window, self.scale, step.pad, self.softcap)
+        y = causal_attention(q, k, v, k.size(2) - T, p, self.window, self.scale, step.pad, self.softcap, self.sinks)
         y = y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)  # (B, T, h·hd)
         if self.gate is not None:
             y = y * torch.sigmoid(self.gate(x))                     # each output gated by the input

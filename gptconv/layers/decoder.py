@@ -12,6 +12,7 @@ some are a gated short convolution (``layers/short_conv.py``): over their last f
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -22,7 +23,7 @@ from .config_checks import check_range, check_rope_heads, check_sizes, refuse_tr
 from .kv_cache import KVCache
 from .linear import Linear, linear
 from .linear_attention import DeltaNetShape, GatedDeltaNet
-from .mlp import MoE, SwiGLU
+from .mlp import ClampedSwiGLU, MoE, SwiGLU
 from .mtp import MTP
 from .norms import OffsetRMSNorm, RMSNorm
 from .rope import RopeScaling, rope_frequencies
@@ -75,6 +76,10 @@ class LlamaConfig:
     moe_d_ff: int = 0  # each expert's hidden size; 0 → d_ff (then d_ff is the dense layers')
     moe_layers: tuple[bool, ...] = ()  # per layer, experts (True) or the dense SwiGLU; () → experts on all
     shared_expert_d_ff: int = 0  # a SwiGLU every token runs beside the routed experts, × sigmoid(gate(x)); 0: none
+    router_bias: bool = False  # the router has a bias (gpt-oss)
+    swiglu_limit: float | None = None  # the experts are gpt-oss's clamped SwiGLU with biases at this limit
+    swiglu_alpha: float = 1.702  # … and their gate's sigmoid slope (``mlp.ClampedSwiGLU``)
+    attention_sinks: bool = False  # a learned logit per head joins the attention softmax (gpt-oss)
     mtp_layers: int = 0  # multi-token-prediction layers the checkpoint ships (``layers/mtp.py``): held, not run
     attention_dropout: float = 0.0  # on the attention weights, in train mode only
     # training-time features of the source's config that gptconv does not implement (residual dropout,
@@ -132,6 +137,10 @@ class LlamaConfig:
             raise ValueError("short_conv gives the options of layer_types' conv layers: both or neither")
         if self.shared_expert_d_ff and not self.n_experts:
             raise ValueError("a shared expert without routed experts")
+        if (self.router_bias or self.swiglu_limit is not None) and not self.n_experts:
+            raise ValueError("a router bias or clamped SwiGLU experts without routed experts")
+        if self.swiglu_limit is not None:
+            check_range(self, ("swiglu_limit", "swiglu_alpha"), 0.0, 1e6, low_open=True)
         # one spelling per model: a per-layer tuple that says the same of every layer is ()
         if self.layer_types and all(t == SLIDING for t in self.layer_types):
             object.__setattr__(self, "layer_types", ())
@@ -167,7 +176,8 @@ class LlamaConfig:
             ("linear attention", LINEAR in c.layer_types), ("short convolution", CONV in c.layer_types),
             ("attention output gate", c.attention_gate),
             ("offset norms", c.offset_norms), ("shared expert", bool(c.shared_expert_d_ff)),
-            ("MTP layers", bool(c.mtp_layers))) if on}
+            ("MTP layers", bool(c.mtp_layers)), ("router bias", c.router_bias),
+            ("clamped SwiGLU experts", c.swiglu_limit is not None), ("attention sinks", c.attention_sinks)) if on}
 
     def window(self, layer: int) -> int | None:
         """The window layer ``layer`` attends within (None: every position)."""
@@ -275,11 +285,13 @@ class Block(nn.Module):
                      Attention(c.d_model, c.n_heads, c.n_kv_heads, c.head_dim, qkv_bias=c.qkv_bias, o_bias=c.o_bias,
                                qk_norm=norm if c.qk_norm else None, qk_norm_over=c.qk_norm_over,
                                window=c.window(layer), rope=c.rope_at(layer), scale=c.attention_scale,
-                               gate=c.attention_gate, dropout=c.attention_dropout))
+                               gate=c.attention_gate, sinks=c.attention_sinks, dropout=c.attention_dropout))
         self.post_attn_norm = norm(c.d_model) if post else None
         self.norm2 = norm(c.d_model) if pre else None
+        expert = (SwiGLU if c.swiglu_limit is None
+                  else functools.partial(ClampedSwiGLU, limit=c.swiglu_limit, alpha=c.swiglu_alpha))
         self.mlp = (MoE(c.d_model, c.moe_d_ff or c.d_ff, c.n_experts, c.n_experts_used, c.norm_topk_prob,
-                        c.shared_expert_d_ff)
+                        c.shared_expert_d_ff, c.router_bias, expert)
                     if c.experts_at(layer) else SwiGLU(c.d_model, c.d_ff, c.mlp_bias))
         self.post_mlp_norm = norm(c.d_model) if post else None
         self.residual_multiplier = c.residual_multiplier

@@ -6,6 +6,8 @@ ungated GELU MLP lives with GPT-2 (``families/gpt2.py``), the one family that ha
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -35,6 +37,23 @@ class SwiGLU(nn.Module):
         return swiglu(x, self.gate, self.up, self.down)
 
 
+class ClampedSwiGLU(nn.Module):
+    """gpt-oss's experts: down((clamp(up(x), ±limit) + 1) ⊙ g · sigmoid(alpha · g)), g = gate(x) clamped
+    to ≤ limit; every projection with a bias."""
+
+    def __init__(self, d_model: int, d_ff: int, limit: float, alpha: float) -> None:
+        super().__init__()
+        self.gate = Linear(d_model, d_ff, bias=True)
+        self.up = Linear(d_model, d_ff, bias=True)
+        self.down = Linear(d_ff, d_model, bias=True)
+        self.limit, self.alpha = limit, alpha
+
+    def forward(self, x: torch.Tensor, tap: Tap = no_tap) -> torch.Tensor:
+        g = self.gate(x).clamp(max=self.limit)                      # (…, d_ff)
+        u = self.up(x).clamp(-self.limit, self.limit)               # (…, d_ff)
+        return self.down((u + 1) * (g * torch.sigmoid(g * self.alpha)))
+
+
 class GeGLU(nn.Module):
     def __init__(self, d_model: int, d_ff: int) -> None:
         super().__init__()
@@ -61,14 +80,16 @@ class MoE(nn.Module):
     probability, renormalised to sum to 1 where ``normalize``, as Mixtral; Qwen3-MoE says so in its
     config) each run their SwiGLU on the token, and their outputs are summed with those weights. With
     ``shared_d_ff`` a shared expert (a SwiGLU of that size) runs on every token too, its output ×
-    sigmoid(shared_gate(x)) (Qwen2-MoE, Qwen3-Next, Qwen3.5-MoE)."""
+    sigmoid(shared_gate(x)) (Qwen2-MoE, Qwen3-Next, Qwen3.5-MoE). gpt-oss: a router with a bias
+    (``router_bias``), and experts of its own kind (``expert``: d_model, d_ff → an expert; SwiGLU's by default)."""
 
     def __init__(self, d_model: int, d_ff: int, n_experts: int, top_k: int, normalize: bool = True,
-                 shared_d_ff: int = 0) -> None:
+                 shared_d_ff: int = 0, router_bias: bool = False,
+                 expert: Callable[[int, int], nn.Module] = SwiGLU) -> None:
         super().__init__()
         self.top_k, self.normalize = top_k, normalize
-        self.router = Linear(d_model, n_experts, bias=False)
-        self.experts = nn.ModuleList(SwiGLU(d_model, d_ff) for _ in range(n_experts))
+        self.router = Linear(d_model, n_experts, bias=router_bias)
+        self.experts = nn.ModuleList(expert(d_model, d_ff) for _ in range(n_experts))
         self.shared = SwiGLU(d_model, shared_d_ff) if shared_d_ff else None
         self.shared_gate = Linear(d_model, 1, bias=False) if shared_d_ff else None
 

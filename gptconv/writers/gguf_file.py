@@ -90,9 +90,10 @@ def _write(w: GGUFWriter, weights: Weights, src, tokenizer, dtype: str, narrow: 
 
 
 # Tensors llama.cpp's converter keeps in F32 at any output type, beside every 1-D tensor (norms, biases):
-# GPT-2's learned positions, the routers (and shared experts' gates), short convolutions' filters
+# GPT-2's learned positions, the routers (and shared experts' gates), short convolutions' filters, the
+# experts' stacked biases (gpt-oss: 2-D, a bias per expert)
 KEEP_F32 = re.compile(r"position_embd\.weight|blk\.\d+\.(ffn_gate_inp|ffn_gate_inp_shexp|ssm_conv1d|shortconv\.conv)"
-                      r"\.weight")
+                      r"\.weight|blk\.\d+\.ffn_(gate|up|down)_exps\.bias")
 
 
 def _tensor_type(name: str, shape: tuple[int, ...], dtype: str) -> Q:
@@ -126,7 +127,8 @@ def type_choices(tensors: TensorTypes, dtype: str) -> list[tuple[str, str, str]]
         elif len(shape) < 2 or math.prod(shape) == row:
             why = "1-D (a norm or bias): kept F32"
         elif KEEP_F32.fullmatch(name):
-            why = "llama.cpp keeps it unquantized (a router, learned positions or a convolution's filter)"
+            why = ("llama.cpp keeps it unquantized (a router, learned positions, a convolution's filter or the "
+                   "experts' biases)")
         elif row % main_block:
             why = f"rows of {row} values, not a multiple of {main}'s block of {main_block} (a fallback type)"
         elif name in ("output.weight", "token_embd.weight"):
