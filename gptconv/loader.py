@@ -101,7 +101,7 @@ def open_source(source: str | Path, revision: str | None = None, prefer_cache: b
         return _text_model_of(str(source), path, repo_id, ckpt)
     family = for_hf(ckpt.model_type, path / "config.json")
     config = family.config_from_hf_tensors(family.config_from_hf(ckpt.config, path / "config.json"), ckpt.tensors)
-    stored = {k: str(t.dtype).removeprefix("torch.") for k, t in ckpt.tensors.items()}
+    stored = {k: t.stored or str(t.dtype).removeprefix("torch.") for k, t in ckpt.tensors.items()}
     return Source(str(source), path, repo_id, "hf", config, family.hf_keymap(config), ckpt.tensors,
                   ckpt.weight_files, stored, hf_config=ckpt.config)
 
@@ -136,7 +136,7 @@ def _text_model_of(name: str, path: Path, repo_id: str | None, ckpt) -> Source:
         under = " or ".join(p for p, _ in wrapper.text_prefixes)
         raise GptconvError(f"{path}: no tensor of the text model under {under}")
     config = family.config_from_hf_tensors(config, tensors)
-    stored = {k: str(t.dtype).removeprefix("torch.") for k, t in tensors.items()}
+    stored = {k: t.stored or str(t.dtype).removeprefix("torch.") for k, t in tensors.items()}
     return Source(name, path, repo_id, "hf", config, family.hf_keymap(config), tensors, ckpt.weight_files, stored,
                   hf_config=text, wrapper=wrapper.model_type, left_out=left_out)
 

@@ -11,6 +11,7 @@ import torch
 
 import gptconv
 from family_battery import *  # noqa: F401,F403 — the battery, collected here against this checkpoint
+from gptconv.writers import export
 
 ARCH = "gpt_oss"
 VOCAB = "gpt-2"
@@ -68,3 +69,84 @@ def test_the_experts_clamp_here(ckpt):
     for h in hooks:
         h.remove()
     assert max(seen) > 7.0 and max(ups) > 7.0
+
+
+# --- MXFP4: the experts as the released checkpoints store them ---------------------------------------------
+
+E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
+
+
+def quantize_mxfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(E, R, C) → HF's (E, R, C/32, 16) blocks and (E, R, C/32) scales, by the OCP MX rule: each block of 32
+    shares the exponent floor(log2 max|x|) − 2 (E2M1's largest exponent), each value rounds to the nearest E2M1."""
+    b = w.float().reshape(*w.shape[:-1], -1, 32)
+    amax = b.abs().amax(-1)
+    e = torch.where(amax > 0, torch.floor(torch.log2(amax)) - 2 + 127, torch.zeros_like(amax)).clamp(0, 254)
+    idx = (b[..., None] / torch.ldexp(torch.ones_like(amax), (e - 127).int())[..., None, None] - E2M1).abs().argmin(-1)
+    return (idx[..., 0::2] | (idx[..., 1::2] << 4)).to(torch.uint8), e.to(torch.uint8)
+
+
+@pytest.fixture(scope="module")
+def mxfp4_ckpt(ckpt, tmp_path_factory):
+    """The fixture with its experts' two matrices in MXFP4 (``*_blocks`` + ``*_scales``, quantization_config
+    mxfp4), as openai/gpt-oss-20b ships them."""
+    import json
+    import shutil
+    from safetensors.torch import load_file, save_file
+    folder = tmp_path_factory.mktemp("gpt_oss-mxfp4") / "hf"
+    shutil.copytree(ckpt, folder)
+    tensors = load_file(folder / "model.safetensors")
+    for name in [k for k in tensors if k.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        blocks, scales = quantize_mxfp4(tensors.pop(name).transpose(1, 2))  # rows are the outputs
+        tensors[name + "_blocks"], tensors[name + "_scales"] = blocks, scales
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_mxfp4_experts_read_as_transformers_dequantizes_them(mxfp4_ckpt):
+    """Bit for bit what transformers' own dequantization gives (``convert_moe_packed_tensors``), in bfloat16
+    and float32 alike (every MXFP4 value is a bfloat16); the pair is one tensor to the ledger."""
+    from safetensors.torch import load_file
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+    src = gptconv.open_source(str(mxfp4_ckpt))
+    raw = load_file(mxfp4_ckpt / "model.safetensors")
+    names = [k.removesuffix("_blocks") for k in raw if k.endswith("_blocks")]
+    assert len(names) == 2 * 4 and not any(k.endswith(("_blocks", "_scales")) for k in src.tensors)
+    for name in names:
+        ours = src.tensors[name].load()
+        for dtype in (torch.bfloat16, torch.float32):
+            theirs = convert_moe_packed_tensors(raw[name + "_blocks"], raw[name + "_scales"], dtype=dtype)
+            assert torch.equal(ours.to(dtype), theirs), name
+        assert src.stored_types[name] == "MXFP4"
+
+
+def test_mxfp4_checkpoint_verifies_against_transformers(mxfp4_ckpt):
+    """transformers reads the MXFP4 folder itself (on CPU it dequantizes): verify passes at fp32 and bf16."""
+    for dtype in ("float32", "bfloat16"):
+        report = gptconv.verify(str(mxfp4_ckpt), dtype=dtype)
+        print(f"\nMXFP4 {dtype}: verify vs transformers: max|Δ| = {report.max_abs_diff:.3e}")
+        assert report.passed, (dtype, report.first_divergent_step, report.notes)
+
+
+def test_mxfp4_experts_stay_mxfp4_in_gguf_as_the_converter_keeps_them(mxfp4_ckpt, tmp_path):
+    """Our GGUF of the MXFP4 folder equals llama.cpp's converter's, tensor for tensor (the experts MXFP4,
+    the same bytes), reads back to the same weights, and verifies against llama.cpp."""
+    import llama_cpp_tools
+    from gguf import GGUFReader
+    ours = export(str(mxfp4_ckpt), tmp_path / "ours.gguf", "gguf", "f32").out
+    theirs = llama_cpp_tools.convert(mxfp4_ckpt, tmp_path / "theirs.gguf", "f32")
+    types = {t.name: t.tensor_type.name for t in GGUFReader(ours).tensors}
+    assert {n for n, t in types.items() if t == "MXFP4"} == {f"blk.{i}.ffn_{m}_exps.weight" for i in range(4)
+                                                             for m in ("gate", "up", "down")}
+    keys, tensors = llama_cpp_tools.differences(ours, theirs)
+    assert tensors == [], tensors
+    folder, back = gptconv.load(str(mxfp4_ckpt)), gptconv.load(str(ours))
+    for (a, x), (b, y) in zip(folder.state_dict().items(), back.state_dict().items()):
+        assert a == b and torch.equal(x, y), a
+    report = gptconv.verify(str(ours), against="llama.cpp")
+    print(f"\nMXFP4 GGUF vs llama.cpp: max|Δ| = {report.max_abs_diff:.3e}")
+    assert report.passed, (report.first_divergent_step, report.notes)

@@ -246,6 +246,7 @@ class TensorInfo:
     shape: tuple[int, ...]
     dtype: torch.dtype
     load: Callable[[], torch.Tensor]  # reads the tensor (from a memory map where the format allows)
+    stored: str = ""  # how the file stores it where that is not ``dtype`` (MXFP4: a pair, dequantized when read)
 
 
 @dataclass
@@ -280,6 +281,10 @@ class Plan:
             return tensor  # as read: a view of the mapped file where the layout allows
         # converted, so copied anyway: into (out, in) row order, which the one-row bfloat16 gemv needs
         return tensor.to(dtype, memory_format=torch.contiguous_format)
+
+    def source_of(self, target: str) -> str:
+        """The source tensor our parameter ``target`` is read from (a fused one: the whole)."""
+        return self._by_target[target][0]
 
     def _load(self, key: str) -> torch.Tensor:
         """The source tensor ``key``; the last one read is kept, so the parts of a fused tensor

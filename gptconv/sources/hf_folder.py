@@ -24,6 +24,7 @@ from safetensors import SafetensorError, safe_open
 from ..errors import first_line, where
 from .files import UNLIMITED, read_text, regular_file
 from ..convert.keymap import TensorInfo
+from .quantized import dequantized
 
 SAFETENSORS_DTYPES = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
@@ -104,7 +105,7 @@ def open_hf_folder(folder: Path, backend: str = "mmap") -> HFCheckpoint:
             tensors[name] = info
     if index is not None:
         check_index(index, tensors)
-    return HFCheckpoint(folder, config, files, tensors)
+    return HFCheckpoint(folder, config, files, dequantized(tensors, config, folder / "config.json"))
 
 
 def weight_files(folder: Path) -> tuple[list[Path], Path | None]:

@@ -15,11 +15,11 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType as Q
 from gguf import GGML_QUANT_VERSION, GGUFWriter, LlamaFileType, size_label
-from gguf.quants import quant_shape_to_byte_shape, quantize
+from gguf.quants import dequantize, quant_shape_to_byte_shape, quantize
 
 from ..convert.gguf_tokenizer import GGUFVocab
 from ..convert.hf_vocab import vocab_of_folder
-from ..errors import where
+from ..errors import GptconvError, where
 from ..families import family_of
 from ..layers.rope import rope_frequencies
 from ..output import TailHash, WriteBehind
@@ -66,7 +66,9 @@ def _write(w: GGUFWriter, weights: Weights, src, tokenizer, dtype: str, narrow: 
     w.add_quantization_version(GGML_QUANT_VERSION)
 
     stored = weights.stored_as(keymap)
-    qtypes = [_tensor_type(s.name, s.shape, dtype) for s in stored]
+    mxfp4 = {t for t in weights.shapes if src.stored_types.get(weights.plan.source_of(t)) == "MXFP4"}
+    # tensors the source holds in MXFP4 (gpt-oss's experts) stay MXFP4, as llama.cpp's converter keeps them
+    qtypes = [Q.MXFP4 if set(s.ours) <= mxfp4 else _tensor_type(s.name, s.shape, dtype) for s in stored]
     infos = [(s.name, s.shape, qtype) for s, qtype in zip(stored, qtypes)]
     factors = _rope_factors(cfg) + family.gguf_tensors(cfg)
     infos += [(n, tuple(t.shape), Q.F32) for n, t in factors]
@@ -159,7 +161,10 @@ def _encode(name: str, t: torch.Tensor, qtype: Q, narrow: Narrowing) -> np.ndarr
     out = np.empty(quant_shape_to_byte_shape(tuple(rows.shape), qtype), dtype=np.uint8)
     step = max(1, narrow.CHUNK // rows.shape[1])
     for i in range(0, rows.shape[0], step):
-        out[i:i + step] = quantize(narrow(name, rows[i:i + step], torch.float32).numpy(), qtype)
+        values = narrow(name, rows[i:i + step], torch.float32).numpy()
+        out[i:i + step] = quantize(values, qtype)
+        if qtype == Q.MXFP4 and not np.array_equal(dequantize(out[i:i + step], qtype), values):
+            raise GptconvError(f"{name}: a value MXFP4 does not hold exactly (kept MXFP4 as the source stores it)")
     return out.reshape(quant_shape_to_byte_shape(tuple(t.shape), qtype))
 
 
