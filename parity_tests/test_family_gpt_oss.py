@@ -150,3 +150,18 @@ def test_mxfp4_experts_stay_mxfp4_in_gguf_as_the_converter_keeps_them(mxfp4_ckpt
     report = gptconv.verify(str(ours), against="llama.cpp")
     print(f"\nMXFP4 GGUF vs llama.cpp: max|Δ| = {report.max_abs_diff:.3e}")
     assert report.passed, (report.first_divergent_step, report.notes)
+
+
+def test_a_gguf_runs_llama_cpps_yarn_whose_ramp_is_rounded(ckpt, ours_gguf):
+    """gpt-oss's YaRN leaves its ramp's edges where they fall (truncate: false); llama.cpp rounds them out to
+    whole dimensions for every model, and the converter writes the file all the same. Our GGUF reads back as
+    llama.cpp runs it. At the releases' sizes (head 64, base 150,000, ×32 over 4,096) 9 of the 32 frequencies
+    differ, by up to 76%: 0.03 rad at position 128, 0.9 rad at 4,096."""
+    from gptconv.layers.rope import rope_frequencies
+    folder, gguf = gptconv.open_source(str(ckpt)).config, gptconv.open_source(str(ours_gguf)).config
+    assert not folder.rope_scaling.truncate and gguf.rope_scaling.truncate
+    assert folder.rope_scaling.factor == gguf.rope_scaling.factor == 32.0
+    release = gptconv.models.PRESETS["gpt-oss-20b"]
+    ours = rope_frequencies(release.head_dim, release.rope_theta, release.rope_scaling)
+    rounded = rope_frequencies(release.head_dim, release.rope_theta, gguf.rope_scaling)
+    assert int((ours != rounded).sum()) == 9 and 0.76 < ((ours - rounded).abs() / ours).max() < 0.77
