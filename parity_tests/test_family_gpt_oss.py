@@ -165,3 +165,31 @@ def test_a_gguf_runs_llama_cpps_yarn_whose_ramp_is_rounded(ckpt, ours_gguf):
     ours = rope_frequencies(release.head_dim, release.rope_theta, release.rope_scaling)
     rounded = rope_frequencies(release.head_dim, release.rope_theta, gguf.rope_scaling)
     assert int((ours != rounded).sum()) == 9 and 0.76 < ((ours - rounded).abs() / ours).max() < 0.77
+
+
+@pytest.mark.parametrize("case", ["no scales", "no blocks", "shapes differ", "not uint8", "both", "method"])
+def test_a_bad_mxfp4_pair_is_one_line_naming_it(case, tmp_path):
+    """Refused before anything is read, naming the config file and the tensor."""
+    from gptconv.convert.keymap import TensorInfo
+    from gptconv.errors import GptconvError
+    from gptconv.sources.quantized import dequantized
+    info = lambda shape, dtype=torch.uint8: TensorInfo(shape, dtype, lambda: None)  # noqa: E731
+    tensors = {"w_blocks": info((2, 64, 2, 16)), "w_scales": info((2, 64, 2)), "b": info((4,), torch.float32)}
+    config = {"quantization_config": {"quant_method": "mxfp4"}}
+    if case == "no scales":
+        del tensors["w_scales"]
+    elif case == "no blocks":
+        del tensors["w_blocks"]
+    elif case == "shapes differ":
+        tensors["w_scales"] = info((2, 64, 3))
+    elif case == "not uint8":
+        tensors["w_scales"] = info((2, 64, 2), torch.float32)
+    elif case == "both":
+        tensors["w"] = info((2, 64, 64), torch.float32)
+    else:
+        config["quantization_config"]["quant_method"] = "awq"
+    with pytest.raises(GptconvError) as e:
+        dequantized(tensors, config, tmp_path / "config.json")
+    message = str(e.value)
+    assert "\n" not in message and "config.json" in message and ("w_" in message or "'w'" in message or "awq" in message)
+    assert dequantized(tensors, {}, tmp_path / "config.json") is tensors  # unquantized: as they are
