@@ -72,6 +72,8 @@ def _scramble_norms(model: torch.nn.Module) -> None:
         for name, b in model.named_buffers():  # Gemma 4's per-layer output scale, saved though a buffer
             if name.endswith("layer_scalar"):
                 b.copy_(torch.rand(b.shape, generator=g) + 0.5)
+            if name.endswith("e_score_correction_bias"):  # DeepSeek-V3's bias on the choice of experts
+                b.copy_(torch.randn(b.shape, generator=g) * 0.2)
 
 
 def resave_as_bin(src: Path, dst: Path, legacy: bool = False) -> Path:

@@ -32,8 +32,9 @@ def decoder_config_from_gguf(f: Any, tensors: dict[str, TensorInfo], family: str
         raise where(f.path, f"RoPE on {rope_dim} of {head_dim} head dimensions is not supported")
     if partial_rotary:
         specific["rope_dim"] = rope_dim
+    head_dim = specific.pop("head_dim", head_dim)  # a family that knows it otherwise (MLA: key_length is not it)
     try:
-        scaling = _rope_scaling(f, tensors, rope_dim)
+        scaling = _rope_scaling(f, tensors, rope_dim, specific.pop("yarn_log_mul", False))
     except ValueError as e:
         raise where(f.path, str(e)) from None
     has = lambda tensor: gguf_name(tensor, "bias").replace("{i}", "0") in tensors  # noqa: E731
@@ -75,14 +76,14 @@ def _factors(tensors: dict[str, TensorInfo], name: str, n: int) -> tuple[float, 
     return tuple(factors)
 
 
-def _rope_scaling(f: Any, tensors: dict[str, TensorInfo], rope_dim: int) -> RopeScaling | None:
-    """``rope_dim``: the dimensions of each head RoPE rotates."""
+def _rope_scaling(f: Any, tensors: dict[str, TensorInfo], rope_dim: int, log_mul: bool = False) -> RopeScaling | None:
+    """``rope_dim``: the dimensions of each head RoPE rotates; ``log_mul``: see ``yarn_of``."""
     scaling = None
     kind = f.get(Keys.Rope.SCALING_TYPE, str, "none")
     if kind == "linear":
         scaling = RopeScaling("linear", factor=f.get(Keys.Rope.SCALING_FACTOR, float))
     elif kind == "yarn":
-        scaling = yarn_of(f)
+        scaling = yarn_of(f, log_mul)
     elif kind not in ("none", ""):
         raise ValueError(f"RoPE scaling '{kind}' is not supported")
     if "rope_freqs.weight" in tensors:  # Llama 3.1 scaling, stored as one factor per frequency
@@ -99,16 +100,18 @@ def _rope_scaling(f: Any, tensors: dict[str, TensorInfo], rope_dim: int) -> Rope
     return scaling
 
 
-def yarn_of(f: Any) -> RopeScaling:
+def yarn_of(f: Any, log_mul: bool = False) -> RopeScaling:
     """YaRN as llama.cpp runs a file: cos and sin × (0.1·ln factor + 1) × rope.scaling.attn_factor (it
-    recomputes the attention factor, whatever yarn_attn_factor says; DeepSeek's yarn_log_mul is refused)."""
+    recomputes the attention factor, whatever yarn_attn_factor says). DeepSeek's yarn_log_mul (0.1 ×
+    mscale_all_dim) only where the family reads it (``log_mul``: its attention scale holds it; llama.cpp's
+    deepseek2 then scales cos and sin by 1, as transformers does for mscale = mscale_all_dim)."""
     import math
-    if f.get(Keys.Rope.SCALING_YARN_LOG_MUL, float, 0.0):
+    if f.get(Keys.Rope.SCALING_YARN_LOG_MUL, float, 0.0) and not log_mul:
         raise ValueError("YaRN with yarn_log_mul (DeepSeek's mscale) is not supported")
     if f.get(Keys.Rope.SCALING_YARN_EXT_FACTOR, float, 1.0) != 1.0:
         raise ValueError("YaRN with an extrapolation factor other than 1 is not supported")
     factor = f.get(Keys.Rope.SCALING_FACTOR, float)
-    default = 1.0 if factor <= 1 else 0.1 * math.log(factor) + 1.0
+    default = 1.0 if factor <= 1 or f.get(Keys.Rope.SCALING_YARN_LOG_MUL, float, 0.0) else 0.1 * math.log(factor) + 1.0
     return RopeScaling("yarn", factor=factor, original_context_length=f.get(Keys.Rope.SCALING_ORIG_CTX_LEN, int),
                        attention_factor=default * f.get(Keys.Rope.SCALING_ATTN_FACTOR, float, 1.0),
                        beta_fast=f.get(Keys.Rope.SCALING_YARN_BETA_FAST, float, 32.0),
@@ -204,14 +207,14 @@ def decoder_gguf_keymap(config: LlamaConfig, arch: str, layer: list[Rule], final
 
 def add_decoder_hparams(w: Any, cfg: LlamaConfig, *, vocab_size: bool = False, rope_dims: bool = False,
                         original_context: bool = False, has: frozenset[str] = frozenset(), arch: str = "",
-                        feed_forward: bool = True, kv_heads: list[int] | None = None) -> None:
+                        feed_forward: bool = True, kv_heads: int | list[int] | None = None) -> None:
     """The hyperparameters llama.cpp's converter writes for every architecture of the decoder, in its
     order (a family adds its own after them: window, key length, scaling), no more, so that the two files'
     metadata can be compared key by key. ``vocab_size``, ``rope_dims``, ``original_context``: keys only some
     architectures get; ``feed_forward``: the dense MLP's size, absent where a config has none. ``has``: the
     features (``LlamaConfig.features``) llama.cpp's ``arch`` runs, which the family writes; a config with
     another is refused. ``kv_heads``: K/V heads per layer, where the architecture writes a list (LFM2: 0 on
-    its conv layers)."""
+    its conv layers), or the one count it writes where that is not the model's (deepseek2: 1)."""
     missing = cfg.features() - has - {"layer_types"}  # windows: add_window
     if missing:
         raise GptconvError(f"llama.cpp's {arch or 'architecture'} has no place for: {', '.join(sorted(missing))}; "

@@ -23,6 +23,7 @@ from .config_checks import check_range, check_rope_heads, check_sizes, refuse_tr
 from .kv_cache import KVCache
 from .linear import Linear, linear
 from .linear_attention import DeltaNetShape, GatedDeltaNet
+from .mla import MLAShape, MLAttention
 from .mlp import ClampedSwiGLU, MoE, SwiGLU
 from .mtp import MTP
 from .norms import OffsetRMSNorm, RMSNorm
@@ -80,6 +81,13 @@ class LlamaConfig:
     swiglu_limit: float | None = None  # the experts are gpt-oss's clamped SwiGLU with biases at this limit
     swiglu_alpha: float = 1.702  # … and their gate's sigmoid slope (``mlp.ClampedSwiGLU``)
     attention_sinks: bool = False  # a learned logit per head joins the attention softmax (gpt-oss)
+    mla: MLAShape | None = None  # multi-head latent attention on every layer (``layers/mla.py``): its sizes;
+    # head_dim is then its q/k head (nope + rope) and rope_dim its rotated part
+    router_scoring: str = "softmax"  # or "sigmoid" (DeepSeek-V3: each expert scored alone, ``mlp.MoE.route``)
+    expert_groups: tuple[int, int] = (1, 1)  # (groups, groups kept): the choice first keeps the best groups
+    routed_scaling: float = 1.0  # the chosen experts' weights × (routed_scaling_factor)
+    router_correction_bias: bool = False  # a learned per-expert bias added to the scores for the choice only
+    shared_expert_gate: bool = True  # the shared expert's output × sigmoid(gate(x)) (False: as it is)
     mtp_layers: int = 0  # multi-token-prediction layers the checkpoint ships (``layers/mtp.py``): held, not run
     attention_dropout: float = 0.0  # on the attention weights, in train mode only
     # training-time features of the source's config that gptconv does not implement (residual dropout,
@@ -141,6 +149,17 @@ class LlamaConfig:
             raise ValueError("a router bias or clamped SwiGLU experts without routed experts")
         if self.swiglu_limit is not None:
             check_range(self, ("swiglu_limit", "swiglu_alpha"), 0.0, 1e6, low_open=True)
+        check_range(self, ("routed_scaling",), 0.0, 1e6, low_open=True)
+        if self.router_scoring not in ("softmax", "sigmoid"):
+            raise ValueError(f"router_scoring '{self.router_scoring}': softmax or sigmoid")
+        groups, kept = self.expert_groups
+        if (groups, kept) != (1, 1) and not (self.n_experts and self.n_experts % groups == 0 and 0 < kept <= groups):
+            raise ValueError(f"expert_groups {self.expert_groups}: {self.n_experts} experts in that many groups, "
+                             "fewer kept, is not possible")
+        if self.mla is not None and (self.head_dim != self.mla.qk_head_dim
+                                     or (self.rope_dim or self.head_dim) != self.mla.qk_rope_dim):
+            raise ValueError(f"multi-head latent attention: head_dim {self.head_dim} and rope_dim {self.rope_dim} "
+                             f"must be its q/k head ({self.mla.qk_head_dim}) and rotated part ({self.mla.qk_rope_dim})")
         # one spelling per model: a per-layer tuple that says the same of every layer is ()
         if self.layer_types and all(t == SLIDING for t in self.layer_types):
             object.__setattr__(self, "layer_types", ())
@@ -177,7 +196,11 @@ class LlamaConfig:
             ("attention output gate", c.attention_gate),
             ("offset norms", c.offset_norms), ("shared expert", bool(c.shared_expert_d_ff)),
             ("MTP layers", bool(c.mtp_layers)), ("router bias", c.router_bias),
-            ("clamped SwiGLU experts", c.swiglu_limit is not None), ("attention sinks", c.attention_sinks)) if on}
+            ("clamped SwiGLU experts", c.swiglu_limit is not None), ("attention sinks", c.attention_sinks),
+            ("multi-head latent attention", c.mla is not None), ("sigmoid router", c.router_scoring != "softmax"),
+            ("expert groups", c.expert_groups != (1, 1)), ("routed scaling", c.routed_scaling != 1.0),
+            ("router correction bias", c.router_correction_bias),
+            ("ungated shared expert", bool(c.shared_expert_d_ff) and not c.shared_expert_gate)) if on}
 
     def window(self, layer: int) -> int | None:
         """The window layer ``layer`` attends within (None: every position)."""
@@ -282,6 +305,7 @@ class Block(nn.Module):
         # the layer's mixer, the one step that mixes positions: attention, a linear-attention layer or a short conv
         self.attn = (GatedDeltaNet(c.d_model, c.linear_attention, c.norm_eps) if c.linear_at(layer) else
                      ShortConv(c.d_model, c.short_conv) if c.conv_at(layer) else
+                     MLAttention(c.d_model, c.n_heads, c.mla, norm, bias=c.qkv_bias) if c.mla is not None else
                      Attention(c.d_model, c.n_heads, c.n_kv_heads, c.head_dim, qkv_bias=c.qkv_bias, o_bias=c.o_bias,
                                qk_norm=norm if c.qk_norm else None, qk_norm_over=c.qk_norm_over,
                                window=c.window(layer), rope=c.rope_at(layer), scale=c.attention_scale,
@@ -291,7 +315,8 @@ class Block(nn.Module):
         expert = (SwiGLU if c.swiglu_limit is None
                   else functools.partial(ClampedSwiGLU, limit=c.swiglu_limit, alpha=c.swiglu_alpha))
         self.mlp = (MoE(c.d_model, c.moe_d_ff or c.d_ff, c.n_experts, c.n_experts_used, c.norm_topk_prob,
-                        c.shared_expert_d_ff, c.router_bias, expert)
+                        c.shared_expert_d_ff, c.router_bias, expert, c.router_scoring, c.expert_groups,
+                        c.routed_scaling, c.router_correction_bias, c.shared_expert_gate)
                     if c.experts_at(layer) else SwiGLU(c.d_model, c.d_ff, c.mlp_bias))
         self.post_mlp_norm = norm(c.d_model) if post else None
         self.residual_multiplier = c.residual_multiplier

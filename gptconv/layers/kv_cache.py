@@ -24,13 +24,17 @@ class LayerKV:
     """One attention layer's keys and values."""
 
     def __init__(self, batch: int, n_kv_heads: int, head_dim: int, max_len: int, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str = "cpu", reserve: int | None = None, window: int | None = None) -> None:
+                 device: torch.device | str = "cpu", reserve: int | None = None, window: int | None = None,
+                 v_dim: int | None = None) -> None:
+        """``v_dim``: the values' width where it is not the keys' (multi-head latent attention stores its
+        latent as the "keys" and its rotated key part as the "values", ``layers/mla.py``)."""
         self.max_len, self.window = max_len, window
         capacity = max_len if reserve is None else max(1, min(reserve, max_len))
         if window is not None:
             capacity = min(capacity, 2 * window)
         self.k = torch.zeros((batch, n_kv_heads, capacity, head_dim), dtype=dtype, device=device)
-        self.v = torch.zeros_like(self.k)
+        self.v = torch.zeros((batch, n_kv_heads, capacity, head_dim if v_dim is None else v_dim), dtype=dtype,
+                             device=device)
         self.offset = 0  # the position slot 0 holds (0 unless a window let older positions go)
 
     @property
@@ -43,7 +47,7 @@ class LayerKV:
 
     @property
     def nbytes(self) -> int:
-        return 2 * self.k.numel() * self.k.element_size()
+        return (self.k.numel() + self.v.numel()) * self.k.element_size()
 
     def store(self, pos: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store the (B, n_kv, T, hd) keys/values of positions pos … pos + T − 1; return those the step's

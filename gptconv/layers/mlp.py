@@ -80,33 +80,66 @@ class MoE(nn.Module):
     probability, renormalised to sum to 1 where ``normalize``, as Mixtral; Qwen3-MoE says so in its
     config) each run their SwiGLU on the token, and their outputs are summed with those weights. With
     ``shared_d_ff`` a shared expert (a SwiGLU of that size) runs on every token too, its output ×
-    sigmoid(shared_gate(x)) (Qwen2-MoE, Qwen3-Next, Qwen3.5-MoE). gpt-oss: a router with a bias
-    (``router_bias``), and experts of its own kind (``expert``: d_model, d_ff → an expert; SwiGLU's by default)."""
+    sigmoid(shared_gate(x)) (Qwen2-MoE, Qwen3-Next, Qwen3.5-MoE), or as it is (``shared_gate`` False:
+    DeepSeek). gpt-oss: a router with a bias (``router_bias``), and experts of its own kind (``expert``:
+    d_model, d_ff → an expert; SwiGLU's by default).
+
+    DeepSeek-V3's routing (``scoring`` "sigmoid"): each expert's score is sigmoid(logit), in float32; the
+    choice adds a learned per-expert bias (``correction_bias``) to it and, with ``groups`` (n, k), first keeps
+    the k of n groups of experts whose two best scores sum highest; the chosen experts are weighed by their
+    scores without the bias (renormalised where ``normalize``), × ``scale`` (routed_scaling_factor)."""
 
     def __init__(self, d_model: int, d_ff: int, n_experts: int, top_k: int, normalize: bool = True,
                  shared_d_ff: int = 0, router_bias: bool = False,
-                 expert: Callable[[int, int], nn.Module] = SwiGLU) -> None:
+                 expert: Callable[[int, int], nn.Module] = SwiGLU, scoring: str = "softmax",
+                 groups: tuple[int, int] = (1, 1), scale: float = 1.0, correction_bias: bool = False,
+                 shared_gate: bool = True) -> None:
         super().__init__()
-        self.top_k, self.normalize = top_k, normalize
+        if scoring not in ("softmax", "sigmoid"):
+            raise ValueError(f"router scoring '{scoring}': softmax or sigmoid")
+        if n_experts % groups[0] or not 0 < groups[1] <= groups[0]:
+            raise ValueError(f"{n_experts} experts in {groups[0]} groups, {groups[1]} kept: not possible")
+        self.top_k, self.normalize, self.scoring, self.groups, self.scale = top_k, normalize, scoring, groups, scale
         self.router = Linear(d_model, n_experts, bias=router_bias)
+        self.correction = nn.Parameter(torch.zeros(n_experts)) if correction_bias else None  # (E,)
         self.experts = nn.ModuleList(expert(d_model, d_ff) for _ in range(n_experts))
         self.shared = SwiGLU(d_model, shared_d_ff) if shared_d_ff else None
-        self.shared_gate = Linear(d_model, 1, bias=False) if shared_d_ff else None
+        self.shared_gate = Linear(d_model, 1, bias=False) if shared_d_ff and shared_gate else None
 
     def forward(self, x: torch.Tensor, tap: Tap = no_tap) -> torch.Tensor:
         B, T, d = x.shape
         x = x.reshape(B * T, d)                                     # (N, d): each token routed alone
         scores = self.router(x)                                     # (N, E)
         tap("router", scores)
-        probs = F.softmax(scores.float(), dim=-1)                   # (N, E), in float32 as HF does
-        weights, chosen = probs.topk(self.top_k, dim=-1)            # (N, k) each
-        if self.normalize:
-            weights = weights / weights.sum(-1, keepdim=True)       # the chosen k sum to 1
+        weights, chosen = self.route(scores)                        # (N, k) each
         tap("chosen_experts", chosen)
         out = mix_experts(x, self.experts, weights, chosen)         # (N, d)
         if self.shared is not None:
-            out = out + self.gated_shared(x)                        # (N, d): every token
+            out = out + self.shared_out(x)                          # (N, d): every token
         return out.view(B, T, d)
+
+    def route(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Router logits (N, E) → the chosen experts' weights and indices, (N, k) each, in float32."""
+        if self.scoring == "softmax":
+            probs = F.softmax(logits.float(), dim=-1)               # (N, E), in float32 as HF does
+            weights, chosen = probs.topk(self.top_k, dim=-1)
+        else:
+            probs = torch.sigmoid(logits.float())                   # (N, E): each expert scored alone
+            choice = probs if self.correction is None else probs + self.correction.float()
+            n, keep = self.groups
+            if n > 1:                                               # the best groups by their two best scores
+                group = choice.view(len(choice), n, -1).topk(2, dim=-1).values.sum(-1)  # (N, n)
+                kept = torch.zeros_like(group).scatter_(1, group.topk(keep, dim=-1).indices, 1.0)
+                choice = choice.masked_fill(~kept.bool().repeat_interleave(choice.size(1) // n, 1), float("-inf"))
+            chosen = choice.topk(self.top_k, dim=-1).indices
+            weights = probs.gather(1, chosen)                       # the scores, without the bias
+        if self.normalize:
+            weights = weights / (weights.sum(-1, keepdim=True) + (1e-20 if self.scoring == "sigmoid" else 0.0))
+        return weights * self.scale if self.scale != 1.0 else weights, chosen
+
+    def shared_out(self, x: torch.Tensor) -> torch.Tensor:
+        """The shared expert's output, × sigmoid(shared_gate(x)) where it has a gate: (N, d) → (N, d)."""
+        return self.shared(x) if self.shared_gate is None else self.gated_shared(x)
 
     def gated_shared(self, x: torch.Tensor) -> torch.Tensor:
         """The shared expert's output × sigmoid(shared_gate(x)): (N, d) → (N, d)."""

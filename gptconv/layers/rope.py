@@ -44,7 +44,7 @@ class RopeScaling:
     def __post_init__(self) -> None:
         if self.kind not in ("linear", "llama3", "factors", "longrope", "yarn"):
             raise ValueError(f"rope scaling '{self.kind}' is not supported (only linear, llama3, longrope, yarn)")
-        if self.kind == "yarn" and not (0 < self.beta_slow < self.beta_fast < 1e6 and 0 < self.attention_factor < 100):
+        if self.kind == "yarn" and not (0 < self.beta_slow <= self.beta_fast < 1e6 and 0 < self.attention_factor < 100):
             raise ValueError(f"yarn beta_fast {self.beta_fast!r} / beta_slow {self.beta_slow!r} / attention_factor "
                              f"{self.attention_factor!r} out of range")
         if self.kind == "longrope":
