@@ -27,3 +27,56 @@ SHAPE = dict(vocab_size=50257, max_position_embeddings=128, hidden_size=64, inte
 STEPS = ["block.0.latent", "block.1.router"]
 # the cards: DeepSeek-V3 671B (37B activated; 685B with its MTP layer, not counted here), Kimi K2 1T (32B)
 PRESETS = {"deepseek-v3": 671_026_419_200, "kimi-k2": 1_026_408_232_448}
+
+
+@pytest.mark.parametrize("fault", ["rotated rows left interleaved", "choice bias left out", "groups left out",
+                                   "routed scaling left out", "mscale left out"])
+def test_planted_faults_fail_verify(ckpt, monkeypatch, fault):
+    """Each of DeepSeek's own steps, done another way, is caught by verify against transformers."""
+    from dataclasses import replace
+    from gptconv.families import deepseek_v3
+    from gptconv.layers import mlp
+    if fault == "rotated rows left interleaved":
+        monkeypatch.setattr(deepseek_v3, "_rope_rows", lambda t, groups, rope, to_halves: t)
+    elif fault == "choice bias left out":
+        real = mlp.MoE.route
+
+        def route(self, logits):
+            kept, self.correction = self.correction, None
+            try:
+                return real(self, logits)
+            finally:
+                self.correction = kept
+        monkeypatch.setattr(mlp.MoE, "route", route)
+    elif fault == "groups left out":
+        plant(monkeypatch, expert_groups=(1, 1))
+    elif fault == "routed scaling left out":
+        plant(monkeypatch, routed_scaling=1.0)
+    else:
+        from gptconv.layers.decoder import LlamaConfig
+        real = LlamaConfig.__post_init__
+
+        def planted(self):
+            real(self)
+            if self.mla is not None:
+                object.__setattr__(self, "mla", replace(self.mla, scale=self.mla.qk_head_dim ** -0.5))
+        monkeypatch.setattr(LlamaConfig, "__post_init__", planted)
+    report = gptconv.verify(str(ckpt), against="transformers", dtype="f32", length=64)
+    print(f"\n{fault}: max|Δ| = {report.max_abs_diff:.3g}, first divergent step {report.first_divergent_step}")
+    assert not report.passed
+
+
+def test_the_cache_holds_the_latent_not_the_heads(ckpt):
+    """Per position and layer the cache holds the latent and the shared rotated key part (32 + 16 values), where
+    a full cache holds every head's key and value (4 × (40 + 20)): 5× less here, 71× at DeepSeek-V3's sizes
+    (576 against 128 × 320). Generation through it equals recompute (the battery's test)."""
+    from gptconv.layers.kv_cache import KVCache
+    from gptconv.models import PRESETS as ALL
+    model = gptconv.load(ckpt)
+    cache = KVCache.for_model(model, batch=1, max_len=64)
+    m = model.config.mla
+    assert cache.nbytes == 3 * 64 * (m.kv_lora_rank + m.qk_rope_dim) * 4
+    full = lambda c: c.n_heads * (c.mla.qk_head_dim + c.mla.v_head_dim)  # noqa: E731 - per position and layer
+    assert full(model.config) / (m.kv_lora_rank + m.qk_rope_dim) == 5.0
+    v3 = ALL["deepseek-v3"]
+    assert (v3.mla.kv_lora_rank + v3.mla.qk_rope_dim, full(v3)) == (576, 40960)
