@@ -6,10 +6,16 @@ uint8 holds R rows of G blocks of 32 four-bit E2M1 values, two to a byte (value 
 in the high one); ``X_scales`` (…, R, G) uint8 holds each block's E8M0 exponent, biased by 127. Value =
 E2M1 × 2^(scale − 127); the tensor ``X`` is (…, G·32, R), the rows last, as gpt-oss's modules hold it.
 Every such value is a bfloat16 (two significant bits, an 8-bit exponent): read as bfloat16, exactly.
+
+FP8 with block scales (``quant_method: fp8``, DeepSeek-V3/R1, Kimi K2, the ``-FP8`` releases): ``X`` in
+float8 E4M3 and ``X_scale_inv`` (float32), one scale per block of ``weight_block_size`` (128 × 128; the last
+blocks of a dimension that is no multiple of it cut short), or one for the tensor. Value = float32(x) × scale,
+rounded to float32 once, as transformers and llama.cpp's converter compute it: read as float32.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +36,10 @@ def dequantized(tensors: dict[str, TensorInfo], config: dict[str, Any], origin: 
     if q is None:
         return tensors
     method = q.get("quant_method") if isinstance(q, dict) else None
+    if method == "fp8":
+        return _fp8(tensors, q, origin)
     if method != "mxfp4":
-        raise where(origin, f"quantization_config's quant_method {method!r} is not supported (mxfp4)")
+        raise where(origin, f"quantization_config's quant_method {method!r} is not supported (mxfp4, fp8)")
     out = {k: v for k, v in tensors.items() if not k.endswith(("_blocks", "_scales"))}
     for name in sorted(k.removesuffix("_blocks") for k in tensors if k.endswith("_blocks")):
         blocks, scales = tensors[name + "_blocks"], tensors.get(name + "_scales")
@@ -74,3 +82,45 @@ def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor
         values = torch.ldexp(values.flatten(-2), flat_s[m].to(torch.int32)[..., None] - 127)  # (R, G, 32)
         flat_out[m] = values.reshape(rows, groups * 32).t()                                   # (G·32, R)
     return out
+
+
+FP8 = "FP8"
+
+
+def _fp8(tensors: dict[str, TensorInfo], q: dict[str, Any], origin: Path) -> dict[str, TensorInfo]:
+    """Each ``X`` + ``X_scale_inv`` pair as the tensor X, dequantized when read (the module docstring)."""
+    block = q.get("weight_block_size")
+    if block is not None and not (isinstance(block, list) and len(block) == 2
+                                  and all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)):
+        raise where(origin, f"quantization_config's weight_block_size {block!r} is not two positive integers")
+    out = {k: v for k, v in tensors.items() if not k.endswith("_scale_inv")}
+    for name in sorted(k.removesuffix("_scale_inv") for k in tensors if k.endswith("_scale_inv")):
+        if name not in tensors:
+            raise where(origin, f"'{name}_scale_inv' has no '{name}'")
+        out[name] = fp8_tensor(name, tensors[name], tensors[name + "_scale_inv"], block, origin)
+    return out
+
+
+def fp8_tensor(name: str, weight: TensorInfo, scale: TensorInfo, block: list[int] | None, origin: Path) -> TensorInfo:
+    """The tensor an FP8 weight and its scales stand for, checked before anything is read."""
+    if weight.dtype != torch.float8_e4m3fn or not scale.dtype.is_floating_point:
+        raise where(origin, f"FP8 '{name}': the weight must be float8 E4M3 and its scale a float, not "
+                            f"{weight.dtype} / {scale.dtype}")
+    w, s = weight.shape, scale.shape
+    grid = tuple(-(-n // b) for n, b in zip(w[-2:], block)) if block is not None and len(w) >= 2 else None
+    if not (grid is not None and tuple(s[-2:]) == grid and tuple(s[:-2]) == tuple(w[:-2])
+            or math.prod(s) == 1 and block is None):
+        raise where(origin, f"FP8 '{name}': scales {list(s)} do not fit a weight {list(w)} in blocks of {block}")
+
+    def load() -> torch.Tensor:
+        return dequantize_fp8(weight.load(), scale.load(), block)
+    return TensorInfo(tuple(w), torch.float32, load, stored=FP8)
+
+
+def dequantize_fp8(weight: torch.Tensor, scale: torch.Tensor, block: list[int] | None) -> torch.Tensor:
+    """float32(w) × its block's scale, in float32: (…, R, C) with scales (…, ⌈R/b₀⌉, ⌈C/b₁⌉), or one scale."""
+    s = scale.float()
+    if block is not None:
+        rows, cols = weight.shape[-2:]
+        s = s.repeat_interleave(block[0], -2)[..., :rows, :].repeat_interleave(block[1], -1)[..., :cols]
+    return weight.float() * s

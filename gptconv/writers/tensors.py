@@ -173,7 +173,7 @@ class Weights:
 def _load_dtype(src) -> torch.dtype:
     """Load in the source's own precision (a bf16 checkpoint stays bf16 in memory, its MXFP4 experts too,
     which bfloat16 holds exactly), else float32."""
-    stored = {"bfloat16" if s == "MXFP4" else s for s in src.stored_types.values()}
+    stored = {"bfloat16" if s == "MXFP4" else "float32" if s == "FP8" else s for s in src.stored_types.values()}
     for name, dtype in (("bfloat16", torch.bfloat16), ("float16", torch.float16)):
         if stored == {name}:
             return dtype
