@@ -4,6 +4,8 @@ ratios against peers measured in the same run, which `make bench` prints)."""
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 
 from gptconv.bench.__main__ import bench_model, table
 from gptconv.writers import export
@@ -30,3 +32,15 @@ def test_every_case_runs_and_reports(converter_fixtures, tmp_path):
     assert "passed" in rows[-1].note
     assert "| decode 48 greedy" in table(rows)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny"]  # the exports were cleaned up
+
+
+def test_moe_bench_runs():
+    """``python -m gptconv.bench.moe`` at tiny sizes: every row, both dtypes, the same bits (its times are not
+    checked: they are ratios against the old loop in the same run)."""
+    r = subprocess.run([sys.executable, "-m", "gptconv.bench.moe", "--d-model", "16", "--d-ff", "8", "--tokens",
+                        "1,5", "--steps", "2", "--rounds", "1"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    rows = [line.split(" | ") for line in r.stdout.splitlines() if line.startswith(("| prefill", "| decode"))]
+    assert [(row[0], row[1]) for row in rows] == [(f"| {case}", dtype) for dtype in ("float32", "bfloat16")
+                                                  for case in ("prefill T=1", "prefill T=5", "decode T=1, 2 steps")]
+    assert all(row[-1] == "yes |" for row in rows)
