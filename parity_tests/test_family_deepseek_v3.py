@@ -6,11 +6,14 @@ runs the checks every family passes."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
 import gptconv
 from family_battery import *  # noqa: F401,F403 — the battery, collected here against this checkpoint
+from gptconv.writers import export
 
 ARCH = "deepseek_v3"
 VOCAB = "gpt-2"
@@ -80,3 +83,97 @@ def test_the_cache_holds_the_latent_not_the_heads(ckpt):
     assert full(model.config) / (m.kv_lora_rank + m.qk_rope_dim) == 5.0
     v3 = ALL["deepseek-v3"]
     assert (v3.mla.kv_lora_rank + v3.mla.qk_rope_dim, full(v3)) == (576, 40960)
+
+
+# --- FP8: the weights as DeepSeek-V3 / R1 and Kimi K2 ship them ---------------------------------------------
+
+def fp8_folder(ckpt, folder, block: int):
+    """The fixture with every linear weight of its layers in float8 E4M3 with one float32 scale per block of
+    block × block (weight_scale_inv; quantization_config fp8), by the format's rule: a block's scale is its
+    max|w| / 448 (E4M3's largest), each weight w / scale rounded to E4M3. Blocks at the edges are cut short."""
+    import json
+    import shutil
+    from safetensors.torch import load_file, save_file
+    shutil.copytree(ckpt, folder)
+    tensors = load_file(folder / "model.safetensors")
+    for name in [k for k in tensors if k.endswith(("proj.weight", "proj_with_mqa.weight")) and ".layers." in k]:
+        w = tensors.pop(name)
+        rows, cols = w.shape
+        grid = (-(-rows // block), -(-cols // block))
+        padded = torch.zeros(grid[0] * block, grid[1] * block)
+        padded[:rows, :cols] = w
+        blocks = padded.view(grid[0], block, grid[1], block)
+        scale = blocks.abs().amax((1, 3)) / 448.0
+        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+        q = (blocks / scale[:, None, :, None]).to(torch.float8_e4m3fn).view(grid[0] * block, -1)[:rows, :cols]
+        tensors[name], tensors[name.removesuffix("weight") + "weight_scale_inv"] = q.contiguous(), scale
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3",
+                                     "weight_block_size": [block, block]}
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def fp8_ckpt(ckpt, tmp_path_factory):
+    return fp8_folder(ckpt, tmp_path_factory.mktemp("deepseek-fp8") / "hf", 16)
+
+
+def test_fp8_weights_read_as_transformers_dequantizes_them(fp8_ckpt):
+    """Bit for bit the weights transformers' model holds after its own dequantization (on CPU it dequantizes
+    as it loads); each weight and its scales are one tensor to the ledger."""
+    import transformers
+    src = gptconv.open_source(str(fp8_ckpt))
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(fp8_ckpt, dtype=torch.float32).state_dict()
+    fp8 = [k for k, t in src.stored_types.items() if t == "FP8"]
+    assert len(fp8) == 3 * 5 + 3 + 2 * (3 * 8 + 3)  # attention 5 a layer; 1 dense MLP; 2 layers of 8 experts + shared
+    for name in fp8:
+        expert = re.match(r"(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight", name)
+        if expert:  # transformers holds a layer's experts fused: gate and up rows in one tensor, down in another
+            layer, j, kind = expert.group(1), int(expert.group(2)), expert.group(3)
+            held = theirs[f"{layer}.down_proj"][j] if kind == "down" else \
+                theirs[f"{layer}.gate_up_proj"][j].chunk(2)[kind == "up"]
+        else:
+            held = theirs[name]
+        assert torch.equal(src.tensors[name].load(), held), name
+
+
+def test_fp8_checkpoint_verifies_against_transformers(fp8_ckpt):
+    for dtype in ("float32", "bfloat16"):
+        report = gptconv.verify(str(fp8_ckpt), dtype=dtype)
+        print(f"\nFP8 {dtype}: verify vs transformers: max|Δ| = {report.max_abs_diff:.3e}")
+        assert report.passed, (dtype, report.first_divergent_step, report.notes)
+
+
+def test_fp8_gguf_equals_llama_cpps_converter_with_blocks_cut_short(ckpt, tmp_path):
+    """In blocks of 32, which several of the fixture's dimensions (48, 80, 20·4) are no multiple of: our GGUF of
+    the FP8 folder equals llama.cpp's converter's, which dequantizes the same way, tensor for tensor."""
+    import llama_cpp_tools
+    folder = fp8_folder(ckpt, tmp_path / "fp8", 32)
+    ours = export(str(folder), tmp_path / "ours.gguf", "gguf", "f32").out
+    keys, tensors = llama_cpp_tools.differences(ours, llama_cpp_tools.convert(folder, tmp_path / "theirs.gguf", "f32"))
+    assert tensors == [], tensors
+
+
+@pytest.mark.parametrize("case", ["scales do not fit", "not float8", "no weight", "bad block size"])
+def test_a_bad_fp8_pair_is_one_line_naming_it(case, tmp_path):
+    from gptconv.convert.keymap import TensorInfo
+    from gptconv.errors import GptconvError
+    from gptconv.sources.quantized import dequantized
+    info = lambda shape, dtype: TensorInfo(shape, dtype, lambda: None)  # noqa: E731
+    tensors = {"w.weight": info((48, 64), torch.float8_e4m3fn), "w.weight_scale_inv": info((2, 2), torch.float32)}
+    q = {"quant_method": "fp8", "weight_block_size": [32, 32]}
+    if case == "scales do not fit":
+        tensors["w.weight_scale_inv"] = info((1, 2), torch.float32)
+    elif case == "not float8":
+        tensors["w.weight"] = info((48, 64), torch.bfloat16)
+    elif case == "no weight":
+        del tensors["w.weight"]
+    else:
+        q["weight_block_size"] = [32]
+    with pytest.raises(GptconvError) as e:
+        dequantized(tensors, {"quantization_config": q}, tmp_path / "config.json")
+    assert "\n" not in str(e.value) and "config.json" in str(e.value)
+    if case != "bad block size":
+        assert "w.weight" in str(e.value)
