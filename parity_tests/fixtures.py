@@ -228,7 +228,8 @@ def make_checkpoint(folder: Path, arch: str, vocab: str, kwargs: dict, vocab_ggu
     file), as a SentencePiece tokenizer.model (llama-spm) or a tokenizer.json."""
     import transformers
     import llama_cpp_tools
-    vocab_gguf = vocab_gguf or llama_cpp_tools.vocab_file(vocab.removesuffix("-bpe"))  # llama-spm-bpe: tokenizer.json
+    # llama-spm-bpe: tokenizer.json; gpt-2-glm: with GLM's special tokens added
+    vocab_gguf = vocab_gguf or llama_cpp_tools.vocab_file(vocab.removesuffix("-bpe").removesuffix("-glm"))
     torch.manual_seed(0)
     config = transformers.AutoConfig.for_model(arch, **kwargs, initializer_range=0.2)
     model = transformers.AutoModelForCausalLM.from_config(config)
@@ -248,6 +249,11 @@ def make_checkpoint(folder: Path, arch: str, vocab: str, kwargs: dict, vocab_ggu
         llama_cpp_tools.hf_tokenizer_from_gguf(vocab_gguf, folder)
     if vocab == "llama-spm-bpe":  # as Gemma 4's own: spaces as ▁, no space put before the text
         llama_cpp_tools.no_dummy_prefix(folder)
+    if vocab.endswith("-glm"):  # the tokens llama.cpp's converter looks up in a GLM tokenizer
+        from transformers import AutoTokenizer
+        tok = AutoTokenizer.from_pretrained(folder)
+        tok.add_special_tokens({"additional_special_tokens": ["<|endoftext|>", "[gMASK]", "<|user|>", "<|observation|>"]})
+        tok.save_pretrained(folder)
     if arch == "gpt2":
         llama_cpp_tools.add_n_ctx(folder)
     return folder

@@ -37,10 +37,10 @@ PRESETS = {"deepseek-v3": 671_026_419_200, "kimi-k2": 1_026_408_232_448}
 def test_planted_faults_fail_verify(ckpt, monkeypatch, fault):
     """Each of DeepSeek's own steps, done another way, is caught by verify against transformers."""
     from dataclasses import replace
-    from gptconv.families import deepseek_v3
+    from gptconv.convert import mla as deepseek_layout
     from gptconv.layers import mlp
     if fault == "rotated rows left interleaved":
-        monkeypatch.setattr(deepseek_v3, "_rope_rows", lambda t, groups, rope, to_halves: t)
+        monkeypatch.setattr(deepseek_layout, "_rope_rows", lambda t, groups, rope, to_halves: t)
     elif fault == "choice bias left out":
         real = mlp.MoE.route
 

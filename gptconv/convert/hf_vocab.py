@@ -43,7 +43,8 @@ def vocab_of_folder(folder: Path, cfg: Any, tk: HFTokenizer, chat_template: str 
     with config ``cfg`` (ours); ``rules``: the converter's rules for the model's family (its
     ``gguf_vocab``): ``add_prefix_space_from_config`` (tokenizer_config's add_prefix_space becomes the
     space prefix), ``add_space_prefix_spm`` (the space prefix of a SentencePiece vocabulary),
-    ``pre_tokenizer_first`` (the pre-tokenizer name tried first)."""
+    ``pre_tokenizer_first`` (the pre-tokenizer name tried first), ``special_by_text`` (role → token text: the
+    added token of that text takes the role where the files give it none, GLM's)."""
     folder, n_vocab = Path(folder), cfg.vocab_size
     config = read_json_object(folder / "tokenizer_config.json")
     tokenizer_json = read_json_object(folder / "tokenizer.json")  # read once: tens of MB for a large vocabulary
@@ -63,6 +64,10 @@ def vocab_of_folder(folder: Path, cfg: Any, tk: HFTokenizer, chat_template: str 
     else:
         raise where(folder, f"a {model.get('type')} tokenizer cannot be written to GGUF (BPE and SentencePiece can)")
     vocab.special, vocab.add = _special_tokens(folder, config, tokenizer_json, len(vocab.tokens))
+    added = {t.get("content"): t.get("id") for t in tokenizer_json.get("added_tokens") or []}
+    for kind, text in rules.get("special_by_text", {}).items():  # GLM's: set where the files set none, as the
+        if isinstance(added.get(text), int) and 0 <= added[text] < len(vocab.tokens):  # converter's SpecialVocab
+            vocab.special.setdefault(kind, added[text])
     if vocab.model == "gemma4":  # the converter always says so
         vocab.add["bos"], vocab.add_space_prefix = True, False
     vocab.chat_template = chat_template

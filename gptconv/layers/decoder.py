@@ -214,9 +214,9 @@ class LlamaConfig:
         """Whether layer ``layer`` is a gated short convolution (its last few positions, no keys)."""
         return bool(self.layer_types) and self.layer_types[layer] == CONV
 
-    def norm(self, d: int) -> nn.Module:
-        """An RMSNorm of this model's convention over d features."""
-        return (OffsetRMSNorm if self.offset_norms else RMSNorm)(d, self.norm_eps)
+    def norm(self, d: int, eps: float = 0.0) -> nn.Module:
+        """An RMSNorm of this model's convention over d features (``eps``: its own, where not the model's)."""
+        return (OffsetRMSNorm if self.offset_norms else RMSNorm)(d, eps or self.norm_eps)
 
     def rope_at(self, layer: int) -> bool:
         return not self.rope_layers or self.rope_layers[layer]
@@ -305,7 +305,8 @@ class Block(nn.Module):
         # the layer's mixer, the one step that mixes positions: attention, a linear-attention layer or a short conv
         self.attn = (GatedDeltaNet(c.d_model, c.linear_attention, c.norm_eps) if c.linear_at(layer) else
                      ShortConv(c.d_model, c.short_conv) if c.conv_at(layer) else
-                     MLAttention(c.d_model, c.n_heads, c.mla, norm, bias=c.qkv_bias) if c.mla is not None else
+                     MLAttention(c.d_model, c.n_heads, c.mla, lambda d: norm(d, c.mla.norm_eps), bias=c.qkv_bias)
+                     if c.mla is not None else
                      Attention(c.d_model, c.n_heads, c.n_kv_heads, c.head_dim, qkv_bias=c.qkv_bias, o_bias=c.o_bias,
                                qk_norm=norm if c.qk_norm else None, qk_norm_over=c.qk_norm_over,
                                window=c.window(layer), rope=c.rope_at(layer), scale=c.attention_scale,

@@ -40,6 +40,7 @@ class MLAShape:
     v_head_dim: int  # each head's value
     q_lora_rank: int = 0  # the queries' own low-rank step (0: one projection)
     scale: float = 0.0  # the scores' scale (0 → (nope + rope)^-½; DeepSeek's YaRN multiplies it by mscale²)
+    norm_eps: float = 0.0  # the latents' RMSNorms' epsilon (0 → the model's; transformers fixes it at 1e-6)
 
     def __post_init__(self) -> None:
         for name in ("kv_lora_rank", "qk_nope_dim", "qk_rope_dim", "v_head_dim"):
@@ -47,8 +48,8 @@ class MLAShape:
                 raise ValueError(f"MLA {name} = {getattr(self, name)} out of range")
         if not 0 <= self.q_lora_rank <= 1 << 16 or self.qk_rope_dim % 2:
             raise ValueError(f"MLA q_lora_rank {self.q_lora_rank} / qk_rope_dim {self.qk_rope_dim} (even) out of range")
-        if not 0 <= self.scale < 1e6:
-            raise ValueError(f"MLA scale {self.scale!r} out of range")
+        if not 0 <= self.scale < 1e6 or not 0 <= self.norm_eps < 1:
+            raise ValueError(f"MLA scale {self.scale!r} / norm_eps {self.norm_eps!r} out of range")
 
     @property
     def qk_head_dim(self) -> int:
