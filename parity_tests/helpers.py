@@ -69,6 +69,28 @@ def with_mtp_layer(ckpt: Path, folder: Path, where: str = "mtp.", config_key: bo
     return folder
 
 
+def with_trailing_mtp_layer(ckpt: Path, folder: Path, n_layers: int) -> Path:
+    """A DeepSeek-V3 or GLM ``ckpt`` with one MTP layer as their releases hold it: ``model.layers.{n}``, a full
+    layer (the last one's tensors, moved off them) with its own embed_tokens, enorm, hnorm, eh_proj and shared
+    head (norm, head); config.json says num_nextn_predict_layers 1."""
+    g = torch.Generator().manual_seed(7)
+
+    def add_mtp(state):
+        vocab, d = state["model.embed_tokens.weight"].shape
+        last = f"model.layers.{n_layers - 1}."
+        for key in [k for k in state if k.startswith(last)]:
+            t = state[key]
+            state[f"model.layers.{n_layers}.{key.removeprefix(last)}"] = t + 0.05 * torch.randn(t.shape, generator=g)
+        for name, shape in (("embed_tokens.weight", (vocab, d)), ("enorm.weight", (d,)), ("hnorm.weight", (d,)),
+                            ("eh_proj.weight", (d, 2 * d)), ("shared_head.norm.weight", (d,)),
+                            ("shared_head.head.weight", (vocab, d))):
+            state[f"model.layers.{n_layers}.{name}"] = 0.2 * torch.randn(shape, generator=g)
+    edited_copy(ckpt, folder, add_mtp)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "num_nextn_predict_layers": 1}))
+    return folder
+
+
 def swap(a: str, b: str) -> Callable[[dict], None]:
     def edit(state: dict) -> None:
         state[a], state[b] = state[b], state[a]

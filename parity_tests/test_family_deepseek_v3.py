@@ -177,3 +177,15 @@ def test_a_bad_fp8_pair_is_one_line_naming_it(case, tmp_path):
     assert "\n" not in str(e.value) and "config.json" in str(e.value)
     if case != "bad block size":
         assert "w.weight" in str(e.value)
+
+
+def test_the_mtp_layer_is_dropped_by_name(ckpt, tmp_path):
+    """DeepSeek-V3's files hold a multi-token-prediction layer after the trunk (model.layers.61 in the release):
+    dropped by name, as transformers drops it (llama.cpp's converter skips it too), and listed."""
+    from gptconv.loader import load_source
+    from helpers import with_trailing_mtp_layer
+    src = gptconv.open_source(str(with_trailing_mtp_layer(ckpt, tmp_path / "mtp", 3)))
+    model, plain = load_source(src), gptconv.load(str(ckpt))
+    assert {n.split(".")[2] for n in src.dropped} == {"3"} and "model.layers.3.shared_head.head.weight" in src.dropped
+    for (a, x), (b, y) in zip(model.state_dict().items(), plain.state_dict().items()):
+        assert a == b and torch.equal(x, y), a

@@ -186,13 +186,15 @@ POST_NORMS = [Map(gguf_name(T.ATTN_POST_NORM), "blocks.{i}.post_attn_norm.weight
               Map(gguf_name(T.FFN_POST_NORM), "blocks.{i}.post_mlp_norm.weight")]
 
 
-def decoder_gguf_keymap(config: LlamaConfig, arch: str, layer: list[Rule], final_norm: T = T.OUTPUT_NORM) -> KeyMap:
+def decoder_gguf_keymap(config: LlamaConfig, arch: str, layer: list[Rule], final_norm: T = T.OUTPUT_NORM,
+                        norm2: T = T.FFN_NORM) -> KeyMap:
     """llama.cpp's names for the decoder: ``layer`` holds the rows of a block but its norms (those after
-    the sublayers: ``POST_NORMS``, added where the config has them); ``final_norm``: the final norm's tensor."""
+    the sublayers: ``POST_NORMS``, added where the config has them); ``final_norm``: the final norm's tensor;
+    ``norm2``: the pre-MLP norm's (gpt-oss and glm4moe call it post_attention_norm, after HF's name)."""
     head = (Tied(gguf_name(T.OUTPUT), "tok_emb.weight") if config.tie_embeddings
             else Map(gguf_name(T.OUTPUT), "lm_head.weight"))
     pre = [Map(gguf_name(T.ATTN_NORM), "blocks.{i}.norm1.weight"),
-           Map(gguf_name(T.FFN_NORM), "blocks.{i}.norm2.weight")] if config.norms != "post" else []
+           Map(gguf_name(norm2), "blocks.{i}.norm2.weight")] if config.norms != "post" else []
     return KeyMap(f"{arch} (GGUF)", [
         Map(gguf_name(T.TOKEN_EMBD), "tok_emb.weight"),
         *pre,

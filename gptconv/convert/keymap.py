@@ -341,11 +341,14 @@ class KeyMap:
         self.legacy_prefix = legacy_prefix
 
     def match(self, key: str) -> tuple[Rule, dict[str, str]] | None:
-        """The row for source tensor ``key``: where a row naming it outright (no field) and a pattern
-        both fit (GGUF's MTP block ``blk.24.attn_q`` and the trunk's ``blk.{i}.attn_q``), the outright one."""
+        """The row for source tensor ``key``: where a row naming more of it outright (fewer fields) and a
+        pattern both fit (GGUF's MTP block ``blk.24.attn_q`` and the trunk's ``blk.{i}.attn_q``; a dropped MTP
+        layer's ``model.layers.61.mlp.experts.{j}…`` and the trunk's ``model.layers.{i}.mlp.experts.{j}…``),
+        the more outright one."""
         hits = [(r, m.groupdict()) for r in self.rules if (m := r.pattern.fullmatch(key))]
         if len(hits) > 1:
-            hits = [h for h in hits if not h[1]] or hits
+            fewest = min(len(h[1]) for h in hits)
+            hits = [h for h in hits if len(h[1]) == fewest]
         if len(hits) > 1:
             raise AssertionError(f"key map {self.name}: '{key}' matches {len(hits)} rules")
         return hits[0] if hits else None

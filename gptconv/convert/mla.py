@@ -25,6 +25,7 @@ from .hf_config import ConfigFields
 from .hf_decoder import (EXPERT_ROWS, MLP, NORMS, decoder_config_from_hf, decoder_config_to_hf, decoder_hf_keymap,
                          fused_experts, rope_parameters)
 from .keymap import Fuse, Fused, KeyMap, Map, Transform, Tied
+from .mtp import trunk_layers, with_dropped_mtp
 
 
 def mla_scale(qk_head_dim: int, scaling: RopeScaling | None, mscale_all_dim: float) -> float:
@@ -163,8 +164,8 @@ def mla_hf_keymap(c: LlamaConfig, model_type: str) -> KeyMap:
             Fused("model.layers.{i}.self_attn.kv_b_proj.weight", ["blocks.{i}.attn.k_b.weight",
                                                                  "blocks.{i}.attn.v_b.weight"], _KV_B),
             Map("model.layers.{i}.mlp.gate.e_score_correction_bias", "blocks.{i}.mlp.correction")]
-    return decoder_hf_keymap(c, model_type, NORMS + attention + MLP + EXPERT_ROWS + shared,
-                             rows + fused_experts(c))
+    return with_dropped_mtp(decoder_hf_keymap(c, model_type, NORMS + attention + MLP + EXPERT_ROWS + shared,
+                                              rows + fused_experts(c)), c.n_layers)
 
 
 # llama.cpp's k_b: (heads, r, nope) per head transposed; v_b: (heads, v, r)
@@ -194,8 +195,9 @@ def deepseek2_gguf_keymap(c: LlamaConfig) -> KeyMap:
                for src, dst in ((T.FFN_GATE, "gate"), (T.FFN_UP, "up"), (T.FFN_DOWN, "down"))),
              *EXPERTS, Map(gguf_name(T.FFN_EXP_PROBS_B, "bias"), "blocks.{i}.mlp.correction"),
              *(r for r in GGUF_SHARED if "shared_gate" not in r.target)]
-    return KeyMap("deepseek2 (GGUF)", [Map(gguf_name(T.TOKEN_EMBD), "tok_emb.weight"), *layer,
-                                        Map(gguf_name(T.OUTPUT_NORM), "norm_f.weight"), head])
+    return with_dropped_mtp(KeyMap("deepseek2 (GGUF)", [Map(gguf_name(T.TOKEN_EMBD), "tok_emb.weight"), *layer,
+                                                         Map(gguf_name(T.OUTPUT_NORM), "norm_f.weight"), head]),
+                            c.n_layers, gguf=True)
 
 
 def gating_of(f: Any, n_layers: int) -> int:
@@ -213,7 +215,7 @@ def gating_of(f: Any, n_layers: int) -> int:
 def deepseek2_config_from_gguf(f: Any, tensors: dict, family: str) -> LlamaConfig:
     """llama.cpp's deepseek2: the MLA sizes from its own keys, sigmoid routing (expert_gating_func), the
     dense layers first, DeepSeek's YaRN mscale from yarn_log_mul."""
-    n = f.get(Keys.LLM.BLOCK_COUNT, int)
+    n = trunk_layers(f)  # the MTP blocks after them are dropped (``with_dropped_mtp``)
     if gating_of(f, n) != ExpertGatingFuncType.SIGMOID:
         raise where(f.path, "deepseek2 routing other than sigmoid (expert_gating_func: DeepSeek-V2's softmax) is "
                             "not supported")
@@ -223,7 +225,7 @@ def deepseek2_config_from_gguf(f: Any, tensors: dict, family: str) -> LlamaConfi
     dense = f.get(Keys.LLM.LEADING_DENSE_BLOCK_COUNT, int, 0)
     moe_d_ff = f.get(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, int)
     config = decoder_config_from_gguf(
-        f, tensors, family, partial_rotary=True, head_dim=k_len, yarn_log_mul=True, n_kv_heads=heads,
+        f, tensors, family, partial_rotary=True, head_dim=k_len, yarn_log_mul=True, n_kv_heads=heads, n_layers=n,
         n_experts=f.get(Keys.LLM.EXPERT_COUNT, int), n_experts_used=f.get(Keys.LLM.EXPERT_USED_COUNT, int),
         moe_d_ff=moe_d_ff, moe_layers=tuple(i >= dense for i in range(n)),
         shared_expert_d_ff=f.get(Keys.LLM.EXPERT_SHARED_COUNT, int) * moe_d_ff, shared_expert_gate=False,

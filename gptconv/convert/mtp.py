@@ -73,3 +73,38 @@ def with_hf_mtp_layers(config: Any, names: Collection[str]) -> Any:
 
 
 _HF_LAYER = re.compile(r"(?:model\.)?mtp\.layers\.(\d+)\.")
+
+
+# DeepSeek's and GLM's MTP layers sit after the trunk's, as model.layers.{n + j} (llama.cpp: blk.{n + j}), a full
+# layer of the trunk's kind plus these tensors of their own (HF name, llama.cpp's)
+_DEEPSEEK_OUTSIDE = (("embed_tokens.weight", T.NEXTN_EMBED_TOKENS), ("enorm.weight", T.NEXTN_ENORM),
+                     ("hnorm.weight", T.NEXTN_HNORM), ("eh_proj.weight", T.NEXTN_EH_PROJ),
+                     ("shared_head.norm.weight", T.NEXTN_SHARED_HEAD_NORM),
+                     ("shared_head.head.weight", T.NEXTN_SHARED_HEAD_HEAD))
+MAX_DROPPED_MTP = 4  # MTP layers a file may hold after the trunk (the releases: 1)
+
+
+def dropped_mtp_rows(layer_rows: list[Rule], n_layers: int, gguf: bool = False) -> list[Rule]:
+    """Drop rows for the multi-token-prediction layers DeepSeek-V3, Kimi K2 and GLM files hold after the trunk's
+    ``n_layers`` (``model.layers.{n + j}``; GGUF ``blk.{n + j}``, with its ``nextn.*``): dropped by name, as
+    transformers drops them (they are not run, and not written back)."""
+    from .keymap import Drop
+    trunk = "blk.{i}." if gguf else "model.layers.{i}."
+    rows = []
+    for j in range(MAX_DROPPED_MTP):
+        layer = f"blk.{n_layers + j}." if gguf else f"model.layers.{n_layers + j}."
+        rows += [Drop(r.source.replace(trunk, layer, 1)) for r in _layer_rows(layer_rows) if r.source.startswith(trunk)]
+        rows += [Drop(gguf_name(t).replace("{i}", str(n_layers + j)) if gguf else layer + hf) for hf, t in _DEEPSEEK_OUTSIDE]
+    return rows
+
+
+def with_dropped_mtp(keymap: Any, n_layers: int, gguf: bool = False) -> Any:
+    """``keymap`` with the rows that drop the MTP layers after its ``n_layers`` (``dropped_mtp_rows``)."""
+    from .keymap import KeyMap
+    return KeyMap(keymap.name, list(keymap.rules) + dropped_mtp_rows(list(keymap.rules), n_layers, gguf))
+
+
+def trunk_layers(f: Any) -> int:
+    """A GGUF's trunk layers: its block count less the MTP blocks after them (nextn_predict_layers)."""
+    from gguf import Keys
+    return f.get(Keys.LLM.BLOCK_COUNT, int) - f.get(Keys.LLM.NEXTN_PREDICT_LAYERS, int, 0)

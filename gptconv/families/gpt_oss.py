@@ -24,7 +24,7 @@ import torch
 from gguf import Keys
 
 from ..convert.gguf_decoder import (add_decoder_hparams, add_key_length, add_yarn_scaling, decoder_config_from_gguf,
-                                    standard_layer)
+                                    decoder_gguf_keymap, standard_layer)
 from ..convert.gguf_meta import T, gguf_name
 from ..convert.hf_config import ConfigFields
 from ..convert.hf_decoder import (ATTENTION, DECODER_HF_STEPS, NORMS, decoder_config_from_hf, decoder_config_to_hf,
@@ -150,18 +150,12 @@ def gguf_keymap(c: LlamaConfig) -> KeyMap:
     experts = [Stacked(gguf_name(src, p), f"blocks.{{i}}.mlp.experts.{{j}}.{dst}.{p}", lambda c: c.n_experts)
                for src, dst in ((T.FFN_GATE_EXP, "gate"), (T.FFN_UP_EXP, "up"), (T.FFN_DOWN_EXP, "down"))
                for p in ("weight", "bias")]
-    return KeyMap("gpt-oss (GGUF)", [
-        Map(gguf_name(T.TOKEN_EMBD), "tok_emb.weight"),
-        Map(gguf_name(T.ATTN_NORM), "blocks.{i}.norm1.weight"),
-        Map(gguf_name(T.ATTN_POST_NORM), "blocks.{i}.norm2.weight"),
+    return decoder_gguf_keymap(c, "gpt-oss", [
         *standard_layer(permuted=False, mlp=False),  # q, k, v, output: weights and biases
         Map(gguf_name(T.ATTN_SINKS), "blocks.{i}.attn.sinks"),
         Map(gguf_name(T.FFN_GATE_INP), "blocks.{i}.mlp.router.weight"),
         Map(gguf_name(T.FFN_GATE_INP, "bias"), "blocks.{i}.mlp.router.bias"),
-        *experts,
-        Map(gguf_name(T.OUTPUT_NORM), "norm_f.weight"),
-        Map(gguf_name(T.OUTPUT), "lm_head.weight"),
-    ])
+        *experts], norm2=T.ATTN_POST_NORM)
 
 
 def config_from_gguf(f: Any, tensors: dict) -> LlamaConfig:

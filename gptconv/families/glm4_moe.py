@@ -1,0 +1,142 @@
+"""GLM-4.5 / 4.6 / 4.7 (HF glm4_moe; GGUF glm4moe): the Llama decoder with q/k/v biases (no output bias), RoPE on
+the first half of each head (``partial_rotary_factor`` 0.5), per-head q/k RMSNorms where ``use_qk_norm`` says,
+and DeepSeek-V3's routing (``mlp.MoE.route``: sigmoid scores, a bias on the choice, groups, routed scaling) over
+routed experts beside ungated shared experts, after ``first_k_dense_replace`` dense layers. llama.cpp's glm4moe
+holds the same rows (q and k in HF's rotate-half order) and routes by sigmoid (its converter always says so).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gguf import ExpertGatingFuncType, Keys
+
+from ..convert.gguf_decoder import (EXPERTS, QK_NORM as GGUF_QK_NORM, add_decoder_hparams, add_key_length,
+                                    decoder_config_from_gguf, decoder_gguf_keymap, standard_layer)
+from ..convert.gguf_hybrid import SHARED_EXPERT as GGUF_SHARED
+from ..convert.gguf_meta import T, gguf_name
+from ..convert.hf_config import ConfigFields
+from ..convert.hf_decoder import (ATTENTION, DECODER_HF_STEPS, EXPERT_ROWS, MLP, NORMS, QK_NORM,
+                                  decoder_config_from_hf, decoder_config_to_hf, decoder_hf_keymap, describe_decoder,
+                                  fused_experts, rope_parameters)
+from ..convert.keymap import KeyMap, Map
+from ..convert.mtp import trunk_layers, with_dropped_mtp
+from ..errors import GptconvError, where
+from ..layers.decoder import Llama, LlamaConfig
+from .base import Family, Preset
+from .glm4_moe_lite import GLM_SPECIAL
+
+PRESETS: dict[str, Preset] = {
+    # zai-org/GLM-4.5-Air: 46 layers of 4096 (the first dense), 96 heads of 128 (8 K/V), 128 experts of 1408 (8 per
+    # token) and one shared, routed × 1; its config.json as public projects quote it (its MTP layer not counted)
+    "glm-4.5-air": Preset(LlamaConfig(
+        vocab_size=151552, context_length=131072, d_model=4096, n_layers=46, n_heads=96, n_kv_heads=8, d_ff=10944,
+        head_dim=128, rope_dim=64, norm_eps=1e-5, rope_theta=1000000.0, qkv_bias=True, n_experts=128,
+        n_experts_used=8, moe_d_ff=1408, moe_layers=tuple(i > 0 for i in range(46)), shared_expert_d_ff=1408,
+        shared_expert_gate=False, router_scoring="sigmoid", router_correction_bias=True, bos_token_id=None,
+        eos_token_id=151329, family="glm4_moe"), "zai-org/GLM-4.5-Air"),
+}
+
+_HAS = frozenset({"partial rotary", "sigmoid router", "expert groups", "routed scaling", "router correction bias",
+                  "ungated shared expert", "shared expert", "expert size", "dense layers among experts"})
+_ROUTER = [("mlp.gate.e_score_correction_bias", "mlp.correction")]
+_SHARED = [(f"mlp.shared_experts.{n}_proj.weight", f"mlp.shared.{n}.weight") for n in ("gate", "up", "down")]
+
+
+def config_from_hf(data: dict[str, Any], origin: object) -> LlamaConfig:
+    f = ConfigFields(data, origin)
+    if "partial_rotary_factor" not in rope_parameters(f).data:  # transformers' default for glm4_moe
+        f = ConfigFields({**data, "partial_rotary_factor": 0.5}, origin)
+    n = f.int("num_hidden_layers")
+    dense = f.int("first_k_dense_replace", 1)
+    moe_d_ff = f.positive("moe_intermediate_size", 1408)
+    return decoder_config_from_hf(
+        f, "glm4_moe", {"rms_norm_eps": 1e-5}, partial_rotary=True, qkv_bias=f.bool("attention_bias", False),
+        qk_norm=f.bool("use_qk_norm", False), n_experts=f.positive("n_routed_experts", 128),
+        n_experts_used=f.positive("num_experts_per_tok", 8), moe_d_ff=moe_d_ff,
+        norm_topk_prob=f.bool("norm_topk_prob", True), moe_layers=tuple(i >= dense for i in range(n)),
+        shared_expert_d_ff=f.int("n_shared_experts", 1) * moe_d_ff, shared_expert_gate=False,
+        router_scoring="sigmoid", expert_groups=(f.positive("n_group", 1), f.positive("topk_group", 1)),
+        routed_scaling=f.float("routed_scaling_factor", 1.0), router_correction_bias=True)
+
+
+def _check(c: LlamaConfig, where_to: str) -> None:
+    dense = [not c.experts_at(i) for i in range(c.n_layers)]
+    problems = [what for what, bad in (
+        ("routing other than DeepSeek's sigmoid", c.router_scoring != "sigmoid" or not c.router_correction_bias),
+        ("dense layers after the first expert layer", dense != sorted(dense, reverse=True)),
+        ("a gated shared expert", bool(c.shared_expert_d_ff) and c.shared_expert_gate),
+        ("shared experts that are not a whole number of experts", c.shared_expert_d_ff % (c.moe_d_ff or c.d_ff)),
+        ("an output bias", c.o_bias), ("a window", c.sliding_window is not None)) if bad]
+    if problems:
+        raise ValueError(f"{where_to} has no place for {problems[0]}")
+
+
+def config_to_hf(c: LlamaConfig) -> dict[str, Any]:
+    _check(c, "HF's glm4_moe")
+    out = decoder_config_to_hf(c, "glm4_moe", "Glm4MoeForCausalLM", biases=(c.qkv_bias, False, False),
+                               qk_norm=c.qk_norm, experts=True, has=_HAS)
+    out.update(use_qk_norm=c.qk_norm, n_routed_experts=c.n_experts, num_experts_per_tok=c.n_experts_used,
+               moe_intermediate_size=c.moe_d_ff, n_shared_experts=c.shared_expert_d_ff // c.moe_d_ff,
+               first_k_dense_replace=next((i for i in range(c.n_layers) if c.experts_at(i)), c.n_layers),
+               n_group=c.expert_groups[0], topk_group=c.expert_groups[1], routed_scaling_factor=c.routed_scaling,
+               norm_topk_prob=c.norm_topk_prob, num_nextn_predict_layers=0)
+    return out
+
+
+def hf_keymap(c: LlamaConfig) -> KeyMap:
+    """The releases' MTP layer (model.layers.{n}) is dropped by name, as transformers drops it."""
+    return with_dropped_mtp(decoder_hf_keymap(c, "glm4_moe", NORMS + ATTENTION + QK_NORM + MLP + EXPERT_ROWS + _ROUTER
+                                              + _SHARED, fused_experts(c)), c.n_layers)
+
+
+def gguf_keymap(c: LlamaConfig) -> KeyMap:
+    return with_dropped_mtp(decoder_gguf_keymap(c, "glm4moe", standard_layer(permuted=False) + GGUF_QK_NORM + EXPERTS + [
+        Map(gguf_name(T.FFN_EXP_PROBS_B, "bias"), "blocks.{i}.mlp.correction"),
+        *(r for r in GGUF_SHARED if "shared_gate" not in r.target)], norm2=T.ATTN_POST_NORM), c.n_layers, gguf=True)
+
+
+def config_from_gguf(f: Any, tensors: dict) -> LlamaConfig:
+    """llama.cpp's glm4moe: sigmoid routing, the dense layers first, q/k norms where the file has them."""
+    if f.get(Keys.LLM.EXPERT_GATING_FUNC, int, ExpertGatingFuncType.SIGMOID) != ExpertGatingFuncType.SIGMOID:
+        raise where(f.path, "glm4moe routing other than sigmoid is not supported")
+    n = trunk_layers(f)  # the MTP blocks after them (nextn_predict_layers) are dropped (``with_dropped_mtp``)
+    dense = f.get(Keys.LLM.LEADING_DENSE_BLOCK_COUNT, int, 0)
+    moe_d_ff = f.get(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, int)
+    return decoder_config_from_gguf(
+        f, tensors, "glm4_moe", partial_rotary=True, n_layers=n, qk_norm=gguf_name(T.ATTN_Q_NORM).replace("{i}", "0") in tensors,
+        n_experts=f.get(Keys.LLM.EXPERT_COUNT, int), n_experts_used=f.get(Keys.LLM.EXPERT_USED_COUNT, int),
+        moe_d_ff=moe_d_ff, moe_layers=tuple(i >= dense for i in range(n)),
+        shared_expert_d_ff=f.get(Keys.LLM.EXPERT_SHARED_COUNT, int) * moe_d_ff, shared_expert_gate=False,
+        router_scoring="sigmoid", norm_topk_prob=f.get(Keys.LLM.EXPERT_WEIGHTS_NORM, bool, False),
+        expert_groups=(f.get(Keys.LLM.EXPERT_GROUP_COUNT, int, 1), f.get(Keys.LLM.EXPERT_GROUP_USED_COUNT, int, 1)),
+        routed_scaling=f.get(Keys.LLM.EXPERT_WEIGHTS_SCALE, float, 1.0), router_correction_bias=True)
+
+
+def gguf_metadata(w: Any, c: LlamaConfig) -> None:
+    """llama.cpp's converter: the generic keys, the group counts, the key length, then its glm4moe keys."""
+    try:
+        _check(c, "llama.cpp's glm4moe")
+    except ValueError as e:
+        raise GptconvError(f"{e}; not exported") from None
+    add_decoder_hparams(w, c, has=_HAS | {"layer_types"}, arch="glm4moe")
+    w.add_expert_group_count(c.expert_groups[0])
+    w.add_expert_group_used_count(c.expert_groups[1])
+    add_key_length(w, c, always=True)
+    w.add_rope_dimension_count(c.rope_dim or c.head_dim)
+    w.add_expert_count(c.n_experts)
+    w.add_expert_feed_forward_length(c.moe_d_ff)
+    w.add_expert_shared_count(c.shared_expert_d_ff // c.moe_d_ff)
+    w.add_leading_dense_block_count(next((i for i in range(c.n_layers) if c.experts_at(i)), c.n_layers))
+    w.add_expert_gating_func(ExpertGatingFuncType.SIGMOID)
+    w.add_expert_weights_scale(c.routed_scaling)
+    w.add_expert_weights_norm(c.norm_topk_prob)
+
+
+FAMILY = Family(
+    name="glm4_moe", config_class=LlamaConfig, model_class=Llama, presets=PRESETS,
+    hf_model_types=("glm4_moe",), config_from_hf=config_from_hf, config_to_hf=config_to_hf, hf_keymap=hf_keymap,
+    gguf_arch="glm4moe", config_from_gguf=config_from_gguf, gguf_keymap=gguf_keymap, gguf_metadata=gguf_metadata,
+    hf_steps=DECODER_HF_STEPS, describe=describe_decoder,
+    gguf_vocab={"special_by_text": GLM_SPECIAL},
+)
