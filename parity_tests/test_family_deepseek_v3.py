@@ -189,3 +189,14 @@ def test_the_mtp_layer_is_dropped_by_name(ckpt, tmp_path):
     assert {n.split(".")[2] for n in src.dropped} == {"3"} and "model.layers.3.shared_head.head.weight" in src.dropped
     for (a, x), (b, y) in zip(model.state_dict().items(), plain.state_dict().items()):
         assert a == b and torch.equal(x, y), a
+
+
+def test_kimi_k2s_model_type_reads_as_deepseek_v3(ckpt, tmp_path):
+    """Kimi K2's config.json says model_type kimi_k2 (with DeepSeek-V3's fields): the same model."""
+    import json
+    import shutil
+    folder = tmp_path / "kimi"
+    shutil.copytree(ckpt, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "model_type": "kimi_k2"}))
+    assert gptconv.open_source(str(folder)).config == gptconv.open_source(str(ckpt)).config

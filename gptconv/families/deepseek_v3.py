@@ -69,7 +69,8 @@ def config_to_hf(c: LlamaConfig) -> dict[str, Any]:
 
 FAMILY = Family(
     name="deepseek_v3", config_class=LlamaConfig, model_class=Llama, presets=PRESETS,
-    hf_model_types=("deepseek_v3",), config_from_hf=config_from_hf, config_to_hf=config_to_hf,
+    # Kimi K2's config.json says kimi_k2 (its own code's name; transformers reads it as deepseek_v3)
+    hf_model_types=("deepseek_v3", "kimi_k2"), config_from_hf=config_from_hf, config_to_hf=config_to_hf,
     hf_keymap=lambda c: mla_hf_keymap(c, "deepseek_v3"),
     gguf_arch="deepseek2", config_from_gguf=lambda f, t: deepseek2_config_from_gguf(f, t, "deepseek_v3"),
     gguf_keymap=deepseek2_gguf_keymap, gguf_metadata=deepseek2_gguf_metadata,
