@@ -32,9 +32,18 @@ STEPS = ["block.0.latent", "block.1.router"]
 PRESETS = {"deepseek-v3": 671_026_419_200, "kimi-k2": 1_026_408_232_448}
 
 
+@pytest.fixture(scope="module")
+def recorded(ckpt, tmp_path_factory):
+    """transformers' outputs on verify's inputs, recorded once (float64 and float32) for the planted faults;
+    the model without a fault passes against it."""
+    ref = gptconv.record_reference(str(ckpt), tmp_path_factory.mktemp("ref") / "ref.safetensors", length=64)
+    assert gptconv.verify(str(ckpt), dtype="f32", reference_file=str(ref)).passed
+    return ref
+
+
 @pytest.mark.parametrize("fault", ["rotated rows left interleaved", "choice bias left out", "groups left out",
                                    "routed scaling left out", "mscale left out"])
-def test_planted_faults_fail_verify(ckpt, monkeypatch, fault):
+def test_planted_faults_fail_verify(ckpt, recorded, monkeypatch, fault):
     """Each of DeepSeek's own steps, done another way, is caught by verify against transformers."""
     from dataclasses import replace
     from gptconv.convert import mla as deepseek_layout
@@ -64,7 +73,7 @@ def test_planted_faults_fail_verify(ckpt, monkeypatch, fault):
             if self.mla is not None:
                 object.__setattr__(self, "mla", replace(self.mla, scale=self.mla.qk_head_dim ** -0.5))
         monkeypatch.setattr(LlamaConfig, "__post_init__", planted)
-    report = gptconv.verify(str(ckpt), against="transformers", dtype="f32", length=64)
+    report = gptconv.verify(str(ckpt), dtype="f32", reference_file=str(recorded))
     print(f"\n{fault}: max|Δ| = {report.max_abs_diff:.3g}, first divergent step {report.first_divergent_step}")
     assert not report.passed
 

@@ -24,9 +24,18 @@ STEPS = ["block.0.router", "2 of 4 experts per token", "each position sees the l
 PRESETS = {"gpt-oss-20b": 20_914_757_184, "gpt-oss-120b": 116_829_156_672}
 
 
+@pytest.fixture(scope="module")
+def recorded(ckpt, tmp_path_factory):
+    """transformers' outputs on verify's inputs, recorded once (float64 and float32) for the planted faults;
+    the model without a fault passes against it."""
+    ref = gptconv.record_reference(str(ckpt), tmp_path_factory.mktemp("ref") / "ref.safetensors", length=64)
+    assert gptconv.verify(str(ckpt), dtype="f32", reference_file=str(ref)).passed
+    return ref
+
+
 @pytest.mark.parametrize("fault", ["sinks left out", "no gate clamp", "no up clamp", "gate and up swapped",
                                    "softmax over all experts"])
-def test_planted_faults_fail_verify(ckpt, monkeypatch, fault):
+def test_planted_faults_fail_verify(ckpt, recorded, monkeypatch, fault):
     """Each of gpt-oss's own steps, done another way, is caught by verify against transformers."""
     from gptconv.layers import attention, mlp
     if fault == "sinks left out":
@@ -51,7 +60,7 @@ def test_planted_faults_fail_verify(ckpt, monkeypatch, fault):
             real_init(self, *a, **k)
             self.normalize = False
         monkeypatch.setattr(mlp.MoE, "__init__", init)
-    report = gptconv.verify(str(ckpt), against="transformers", dtype="f32", length=64)
+    report = gptconv.verify(str(ckpt), dtype="f32", reference_file=str(recorded))
     print(f"\n{fault}: max|Δ| = {report.max_abs_diff:.3g}, first divergent step {report.first_divergent_step}")
     assert not report.passed
 
