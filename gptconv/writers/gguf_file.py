@@ -128,9 +128,10 @@ def type_choices(tensors: TensorTypes, dtype: str) -> list[tuple[str, str, str]]
             why = f"{dtype}'s type"
         elif len(shape) < 2 or math.prod(shape) == row:
             why = "1-D (a norm or bias): kept F32"
+        elif name.endswith("_exps.bias"):
+            why = "the experts' biases (a bias per expert): kept F32, as llama.cpp keeps every bias"
         elif KEEP_F32.fullmatch(name):
-            why = ("llama.cpp keeps it unquantized (a router, learned positions, a convolution's filter or the "
-                   "experts' biases)")
+            why = "llama.cpp keeps it unquantized (a router, learned positions or a convolution's filter)"
         elif row % main_block:
             why = f"rows of {row} values, not a multiple of {main}'s block of {main_block} (a fallback type)"
         elif name in ("output.weight", "token_embd.weight"):
