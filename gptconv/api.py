@@ -44,6 +44,7 @@ class PullSummary(Result):
     left_out_what: str
     dropped: list[str]  # tensors the key map drops on purpose, each by a named rule (RoPE buffers)
     held: list[str]  # tensors held in the model, not run by the trace (MTP layers): export writes them back
+    family: str = ""  # the family (gptconv/families/) whose formats these are, where not the architecture's name
 
 
 def pull(source: str, revision: str | None = None) -> PullSummary:
@@ -55,7 +56,7 @@ def pull(source: str, revision: str | None = None) -> PullSummary:
         source, src.repo_id, src.path, src.arch, sum(p.numel() for p in model.parameters()), dict(dtypes),
         [(f.name, f.stat().st_size) for f in src.files], src.config.context_length, src.layout,
         src.wrapper, src.left_out, BY_WRAPPER[src.wrapper][1].left_out_what if src.wrapper else "", src.dropped,
-        src.held,
+        src.held, getattr(src.config, "family", src.arch),
     )
 
 

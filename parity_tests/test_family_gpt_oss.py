@@ -202,3 +202,10 @@ def test_a_bad_mxfp4_pair_is_one_line_naming_it(case, tmp_path):
     message = str(e.value)
     assert "\n" not in message and "config.json" in message and ("w_" in message or "'w'" in message or "awq" in message)
     assert dequantized(tensors, {}, tmp_path / "config.json") is tensors  # unquantized: as they are
+
+
+def test_pull_names_the_family_and_the_mxfp4_tensors(mxfp4_ckpt):
+    from helpers import run_cli
+    r = run_cli("pull", mxfp4_ckpt)
+    assert r.returncode == 0, r.stderr
+    assert "architecture  llama (the gpt_oss family)" in r.stdout and "MXFP4 (8 tensors)" in r.stdout

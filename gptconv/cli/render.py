@@ -20,7 +20,7 @@ def _bytes(n: int) -> str:
 
 def pull_summary(s) -> None:
     click.echo(f"source        {s.source}" + (f"  (Hub repo {s.repo_id})" if s.repo_id else ""))
-    click.echo(f"architecture  {s.arch}")
+    click.echo(f"architecture  {s.arch}" + (f" (the {s.family} family)" if s.family and s.family != s.arch else ""))
     click.echo(f"parameters    {s.parameters:,}")
     click.echo("dtype         " + ", ".join(f"{d} ({n} tensors)" for d, n in s.dtypes.items()))
     click.echo(f"context       {s.context_length:,} positions")
