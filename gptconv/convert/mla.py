@@ -37,8 +37,8 @@ def mla_scale(qk_head_dim: int, scaling: RopeScaling | None, mscale_all_dim: flo
 
 
 MLA_HAS = frozenset({"partial rotary", "yarn", "multi-head latent attention", "sigmoid router", "expert groups",
-                  "routed scaling", "router correction bias", "ungated shared expert", "shared expert",
-                  "expert size", "dense layers among experts"})
+                     "routed scaling", "router correction bias", "ungated shared expert", "shared expert",
+                     "expert size", "dense layers among experts"})
 
 
 # transformers' DeepseekV3Attention (and GLM-4.7-Flash's, which is it) builds the latents' RMSNorms with its
