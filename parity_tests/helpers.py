@@ -183,3 +183,20 @@ def assert_left_padding_kept_out(monkeypatch, folder, layer: type, lengths: list
     real = layer.forward
     monkeypatch.setattr(layer, "forward", lambda self, x, step: real(self, x, Unpadded(step)))
     assert generate_batch(model, prompts, n, pad_id=pad_id) != alone
+
+
+def recorded_reference(ckpt: Path, folder: Path, length: int = 64) -> Path:
+    """transformers' outputs on verify's inputs, recorded once (float64 and float32) so that planted faults
+    are judged without a transformers run each; the model without a fault passes against it."""
+    import gptconv
+    ref = gptconv.record_reference(str(ckpt), folder / "ref.safetensors", length=length)
+    assert gptconv.verify(str(ckpt), dtype="f32", reference_file=str(ref)).passed
+    return ref
+
+
+def assert_planted_fault_fails(ckpt: Path, reference: Path, fault: str) -> None:
+    """verify against the recorded reference must fail with the fault planted."""
+    import gptconv
+    report = gptconv.verify(str(ckpt), dtype="f32", reference_file=str(reference))
+    print(f"\n{fault}: max|Δ| = {report.max_abs_diff:.3g}, first divergent step {report.first_divergent_step}")
+    assert not report.passed

@@ -14,6 +14,7 @@ import torch
 import gptconv
 from family_battery import *  # noqa: F401,F403 — the battery, collected here against this checkpoint
 from gptconv.writers import export
+from helpers import assert_planted_fault_fails, recorded_reference
 
 ARCH = "deepseek_v3"
 VOCAB = "gpt-2"
@@ -34,11 +35,7 @@ PRESETS = {"deepseek-v3": 671_026_419_200, "kimi-k2": 1_026_408_232_448}
 
 @pytest.fixture(scope="module")
 def recorded(ckpt, tmp_path_factory):
-    """transformers' outputs on verify's inputs, recorded once (float64 and float32) for the planted faults;
-    the model without a fault passes against it."""
-    ref = gptconv.record_reference(str(ckpt), tmp_path_factory.mktemp("ref") / "ref.safetensors", length=64)
-    assert gptconv.verify(str(ckpt), dtype="f32", reference_file=str(ref)).passed
-    return ref
+    return recorded_reference(ckpt, tmp_path_factory.mktemp("ref"))
 
 
 @pytest.mark.parametrize("fault", ["rotated rows left interleaved", "choice bias left out", "groups left out",
@@ -73,9 +70,7 @@ def test_planted_faults_fail_verify(ckpt, recorded, monkeypatch, fault):
             if self.mla is not None:
                 object.__setattr__(self, "mla", replace(self.mla, scale=self.mla.qk_head_dim ** -0.5))
         monkeypatch.setattr(LlamaConfig, "__post_init__", planted)
-    report = gptconv.verify(str(ckpt), dtype="f32", reference_file=str(recorded))
-    print(f"\n{fault}: max|Δ| = {report.max_abs_diff:.3g}, first divergent step {report.first_divergent_step}")
-    assert not report.passed
+    assert_planted_fault_fails(ckpt, recorded, fault)
 
 
 def test_the_cache_holds_the_latent_not_the_heads(ckpt):

@@ -12,6 +12,7 @@ import torch
 import gptconv
 from family_battery import *  # noqa: F401,F403 — the battery, collected here against this checkpoint
 from gptconv.writers import export
+from helpers import assert_planted_fault_fails, recorded_reference
 
 ARCH = "gpt_oss"
 VOCAB = "gpt-2"
@@ -26,11 +27,7 @@ PRESETS = {"gpt-oss-20b": 20_914_757_184, "gpt-oss-120b": 116_829_156_672}
 
 @pytest.fixture(scope="module")
 def recorded(ckpt, tmp_path_factory):
-    """transformers' outputs on verify's inputs, recorded once (float64 and float32) for the planted faults;
-    the model without a fault passes against it."""
-    ref = gptconv.record_reference(str(ckpt), tmp_path_factory.mktemp("ref") / "ref.safetensors", length=64)
-    assert gptconv.verify(str(ckpt), dtype="f32", reference_file=str(ref)).passed
-    return ref
+    return recorded_reference(ckpt, tmp_path_factory.mktemp("ref"))
 
 
 @pytest.mark.parametrize("fault", ["sinks left out", "no gate clamp", "no up clamp", "gate and up swapped",
@@ -60,9 +57,7 @@ def test_planted_faults_fail_verify(ckpt, recorded, monkeypatch, fault):
             real_init(self, *a, **k)
             self.normalize = False
         monkeypatch.setattr(mlp.MoE, "__init__", init)
-    report = gptconv.verify(str(ckpt), dtype="f32", reference_file=str(recorded))
-    print(f"\n{fault}: max|Δ| = {report.max_abs_diff:.3g}, first divergent step {report.first_divergent_step}")
-    assert not report.passed
+    assert_planted_fault_fails(ckpt, recorded, fault)
 
 
 def test_the_experts_clamp_here(ckpt):
