@@ -36,7 +36,8 @@ from gptconv.llamacpp import LlamaCpp
 from gptconv.models import PRESETS as ALL_PRESETS, build
 from gptconv.parity.compare import CALIBRATION_FACTOR, FP32
 from gptconv.writers import export
-from helpers import TORTURE, assert_fp32_parity, assert_generation_matches, hf_model, hf_round_trip, random_ids, run_cli
+from helpers import (TORTURE, assert_fp32_parity, assert_generation_matches, assert_verifies_at_fp32_and_bf16, hf_model,
+                     hf_round_trip, random_ids, run_cli)
 
 PROVENANCE = {"general.name": "the model's name: ours is the output file's stem, the converter's the folder name"}
 
@@ -116,11 +117,7 @@ def test_hf_export_round_trip_is_bit_exact(ckpt, tmp_path):
 
 
 def test_verify_against_transformers_float64_calibrated(ckpt):
-    for dtype in ("float32", "bfloat16"):
-        report = gptconv.verify(str(ckpt), dtype=dtype)
-        print(f"\n{ckpt.parent.name} {dtype}: verify vs transformers: max|Δ| = {report.max_abs_diff:.3e} "
-              f"at {report.inputs['random']} positions")
-        assert report.passed, (dtype, report.first_divergent_step, report.notes)
+    assert_verifies_at_fp32_and_bf16(ckpt, ckpt.parent.name)
 
 
 def test_our_gguf_equals_llama_cpps_converter(request, ours_gguf, theirs):

@@ -200,3 +200,13 @@ def assert_planted_fault_fails(ckpt: Path, reference: Path, fault: str) -> None:
     report = gptconv.verify(str(ckpt), dtype="f32", reference_file=str(reference))
     print(f"\n{fault}: max|Δ| = {report.max_abs_diff:.3g}, first divergent step {report.first_divergent_step}")
     assert not report.passed
+
+
+def assert_verifies_at_fp32_and_bf16(folder: Path, label: str) -> None:
+    """verify against transformers (float64-calibrated) passes at float32 and at bfloat16."""
+    import gptconv
+    for dtype in ("float32", "bfloat16"):
+        report = gptconv.verify(str(folder), dtype=dtype)
+        print(f"\n{label} {dtype}: verify vs transformers: max|Δ| = {report.max_abs_diff:.3e} "
+              f"at {report.inputs['random']} positions")
+        assert report.passed, (dtype, report.first_divergent_step, report.notes)

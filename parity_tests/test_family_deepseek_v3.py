@@ -14,7 +14,7 @@ import torch
 import gptconv
 from family_battery import *  # noqa: F401,F403 — the battery, collected here against this checkpoint
 from gptconv.writers import export
-from helpers import assert_planted_fault_fails, recorded_reference
+from helpers import assert_planted_fault_fails, assert_verifies_at_fp32_and_bf16, recorded_reference
 
 ARCH = "deepseek_v3"
 VOCAB = "gpt-2"
@@ -144,10 +144,7 @@ def test_fp8_weights_read_as_transformers_dequantizes_them(fp8_ckpt):
 
 
 def test_fp8_checkpoint_verifies_against_transformers(fp8_ckpt):
-    for dtype in ("float32", "bfloat16"):
-        report = gptconv.verify(str(fp8_ckpt), dtype=dtype)
-        print(f"\nFP8 {dtype}: verify vs transformers: max|Δ| = {report.max_abs_diff:.3e}")
-        assert report.passed, (dtype, report.first_divergent_step, report.notes)
+    assert_verifies_at_fp32_and_bf16(fp8_ckpt, "FP8")
 
 
 def test_fp8_gguf_equals_llama_cpps_converter_with_blocks_cut_short(ckpt, tmp_path):

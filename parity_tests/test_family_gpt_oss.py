@@ -12,7 +12,7 @@ import torch
 import gptconv
 from family_battery import *  # noqa: F401,F403 — the battery, collected here against this checkpoint
 from gptconv.writers import export
-from helpers import assert_planted_fault_fails, recorded_reference
+from helpers import assert_planted_fault_fails, assert_verifies_at_fp32_and_bf16, recorded_reference
 
 ARCH = "gpt_oss"
 VOCAB = "gpt-2"
@@ -130,10 +130,7 @@ def test_mxfp4_experts_read_as_transformers_dequantizes_them(mxfp4_ckpt):
 
 def test_mxfp4_checkpoint_verifies_against_transformers(mxfp4_ckpt):
     """transformers reads the MXFP4 folder itself (on CPU it dequantizes): verify passes at fp32 and bf16."""
-    for dtype in ("float32", "bfloat16"):
-        report = gptconv.verify(str(mxfp4_ckpt), dtype=dtype)
-        print(f"\nMXFP4 {dtype}: verify vs transformers: max|Δ| = {report.max_abs_diff:.3e}")
-        assert report.passed, (dtype, report.first_divergent_step, report.notes)
+    assert_verifies_at_fp32_and_bf16(mxfp4_ckpt, "MXFP4")
 
 
 def test_mxfp4_experts_stay_mxfp4_in_gguf_as_the_converter_keeps_them(mxfp4_ckpt, tmp_path):
