@@ -14,7 +14,8 @@ import torch
 import gptconv
 from family_battery import *  # noqa: F401,F403 — the battery, collected here against this checkpoint
 from gptconv.writers import export
-from helpers import assert_planted_fault_fails, assert_verifies_at_fp32_and_bf16, recorded_reference
+from helpers import (assert_planted_fault_fails, assert_verifies_at_fp32_and_bf16, recorded_reference,
+                     with_trailing_mtp_layer)
 
 ARCH = "deepseek_v3"
 VOCAB = "gpt-2"
@@ -184,7 +185,6 @@ def test_the_mtp_layer_is_dropped_by_name(ckpt, tmp_path):
     """DeepSeek-V3's files hold a multi-token-prediction layer after the trunk (model.layers.61 in the release):
     dropped by name, as transformers drops it (llama.cpp's converter skips it too), and listed."""
     from gptconv.loader import load_source
-    from helpers import with_trailing_mtp_layer
     src = gptconv.open_source(str(with_trailing_mtp_layer(ckpt, tmp_path / "mtp", 3)))
     model, plain = load_source(src), gptconv.load(str(ckpt))
     assert {n.split(".")[2] for n in src.dropped} == {"3"} and "model.layers.3.shared_head.head.weight" in src.dropped

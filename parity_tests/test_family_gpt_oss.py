@@ -12,7 +12,7 @@ import torch
 import gptconv
 from family_battery import *  # noqa: F401,F403 — the battery, collected here against this checkpoint
 from gptconv.writers import export
-from helpers import assert_planted_fault_fails, assert_verifies_at_fp32_and_bf16, recorded_reference
+from helpers import assert_planted_fault_fails, assert_verifies_at_fp32_and_bf16, recorded_reference, run_cli
 
 ARCH = "gpt_oss"
 VOCAB = "gpt-2"
@@ -197,7 +197,6 @@ def test_a_bad_mxfp4_pair_is_one_line_naming_it(case, tmp_path):
 
 
 def test_pull_names_the_family_and_the_mxfp4_tensors(mxfp4_ckpt):
-    from helpers import run_cli
     r = run_cli("pull", mxfp4_ckpt)
     assert r.returncode == 0, r.stderr
     assert "architecture  llama (the gpt_oss family)" in r.stdout and "MXFP4 (8 tensors)" in r.stdout

@@ -92,10 +92,11 @@ def _write(w: GGUFWriter, weights: Weights, src, tokenizer, dtype: str, narrow: 
 
 
 # Tensors llama.cpp's converter keeps in F32 at any output type, beside every 1-D tensor (norms, biases):
-# GPT-2's learned positions, the routers (and shared experts' gates), short convolutions' filters, the
-# experts' stacked biases (gpt-oss: 2-D, a bias per expert)
+# The experts' stacked biases (gpt-oss: 2-D, a bias per expert), kept F32 as llama.cpp keeps every bias
+EXPERT_BIASES = re.compile(r"blk\.\d+\.ffn_(gate|up|down)_exps\.bias")
+# … and GPT-2's learned positions, the routers (and shared experts' gates), short convolutions' filters
 KEEP_F32 = re.compile(r"position_embd\.weight|blk\.\d+\.(ffn_gate_inp|ffn_gate_inp_shexp|ssm_conv1d|shortconv\.conv)"
-                      r"\.weight|blk\.\d+\.ffn_(gate|up|down)_exps\.bias")
+                      r"\.weight|" + EXPERT_BIASES.pattern)
 
 
 def _tensor_type(name: str, shape: tuple[int, ...], dtype: str) -> Q:
@@ -128,7 +129,7 @@ def type_choices(tensors: TensorTypes, dtype: str) -> list[tuple[str, str, str]]
             why = f"{dtype}'s type"
         elif len(shape) < 2 or math.prod(shape) == row:
             why = "1-D (a norm or bias): kept F32"
-        elif name.endswith("_exps.bias"):
+        elif EXPERT_BIASES.fullmatch(name):
             why = "the experts' biases (a bias per expert): kept F32, as llama.cpp keeps every bias"
         elif KEEP_F32.fullmatch(name):
             why = "llama.cpp keeps it unquantized (a router, learned positions or a convolution's filter)"
