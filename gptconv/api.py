@@ -11,10 +11,12 @@ from pathlib import Path
 
 import torch
 
+from . import memory
 from .decoding import check_options, generate_batch, generate_tokens
 from .devices import parse_device
 from .errors import GptconvError, where
 from .families import BY_WRAPPER
+from .layers.mtp import HELD
 from .loader import Source, load_source, open_source, parse_dtype
 from .parity.compare import Report
 from .parity.run import record_reference, verify
@@ -49,15 +51,31 @@ class PullSummary(Result):
 
 def pull(source: str, revision: str | None = None) -> PullSummary:
     """Download (or find) the checkpoint, map and check every tensor, and summarise it."""
-    src = open_source(source, revision, prefer_cache=False)
-    model = load_source(src)  # the full strict load: every tensor read, mapped and checked
+    src = open_source(source, revision, prefer_cache=False, backend="per-tensor")
+    parameters = check_every_tensor(src)  # the full strict load: every tensor read, mapped and checked
     dtypes = Counter(src.stored_types.values())
     return PullSummary(
-        source, src.repo_id, src.path, src.arch, sum(p.numel() for p in model.parameters()), dict(dtypes),
+        source, src.repo_id, src.path, src.arch, parameters, dict(dtypes),
         [(f.name, f.stat().st_size) for f in src.files], src.config.context_length, src.layout,
         src.wrapper, src.left_out, BY_WRAPPER[src.wrapper][1].left_out_what if src.wrapper else "", src.dropped,
         src.held, getattr(src.config, "family", src.arch),
     )
+
+
+def check_every_tensor(src: Source) -> int:
+    """Read every tensor of ``src`` through its key map, one at a time (each checked as a load checks it,
+    then let go: memory of one tensor, whatever the model's size); the model's parameter count."""
+    from .convert import model_shapes
+    from .models import build_empty
+    from .streaming import tie_groups
+    model = build_empty(src.config)
+    plan = src.plan(model_shapes(model))
+    src.layout, src.dropped = plan.layout, list(plan.dropped)
+    src.held = list(dict.fromkeys(key for key, target, _ in plan.moves if target.startswith(HELD)))
+    for _name, tensor in plan.tensors(torch.float32):
+        del tensor
+    plan.forget()
+    return sum(model.get_parameter(first).numel() for first in tie_groups(model))
 
 
 @dataclass
@@ -71,13 +89,26 @@ class Trace(Result):
 
 
 def trace(source: str | Path, text: str | None = None, ids: str | list[int] | None = None,
-          dtype: str = "float32", revision: str | None = None, device: str = "cpu") -> Trace:
-    """Each named step of the forward pass on ``text`` (or token ``ids``), with its shape and statistics."""
+          dtype: str = "float32", revision: str | None = None, device: str = "cpu",
+          stream: bool | None = None) -> Trace:
+    """Each named step of the forward pass on ``text`` (or token ``ids``), with its shape and statistics.
+    ``stream``: the model read a block at a time as it runs (``gptconv.streaming``); by default, where
+    it would not fit in memory whole."""
     device = parse_device(device)
+    dt = parse_dtype(dtype)
     src = open_source(source, revision)
     tok = tokenizer_or_none(src)
     prompt = encode_prompt(src, text, ids, tokenizer=tok)
-    steps, logits = trace_steps(load_source(src, dtype, device), torch.tensor([prompt]))
+    shape = memory.Shape.of(src.config)
+    need = lambda streamed: memory.trace_need(src.name, shape, dt, len(prompt), streamed)  # noqa: E731
+    if stream is None:
+        stream = device.type == "cpu" and need(False).peak > memory.available()
+    if stream and device.type != "cpu":
+        raise GptconvError(f"{src.name}: a model read a block at a time runs on the CPU, not {device}")
+    memory.check(need(stream), [("--stream", lambda: need(True))] if not stream and device.type == "cpu" else [])
+    if stream:
+        src = open_source(source, revision, backend="per-tensor") if src.format == "hf" else src
+    steps, logits = trace_steps(load_source(src, dt, device, blockwise=stream), torch.tensor([prompt]))
     top = torch.topk(torch.softmax(logits[0, -1].float(), -1), 5)
     words = [tok.decode([int(i)]) if tok is not None else None for i in top.indices]
     return Trace(str(source), src.arch, src.config, prompt, steps,
@@ -122,6 +153,8 @@ def generate(source: str | Path, prompt: str | list[str], max_new_tokens: int = 
     # a chat template writes its own BOS ({{ bos_token }}), as transformers' apply_chat_template assumes
     texts = [tok.apply_chat_template([{"role": "user", "content": t}]) if chat else t for t in texts]
     prompt_ids = [encode_prompt(src, t, None, add_special_tokens=not chat, tokenizer=tok) for t in texts]
+    if parse_device(device).type == "cpu":
+        _check_generate(src, parse_dtype(dtype), prompt_ids, max_new_tokens)
     model = load_source(src, dtype, device)
     eos = {tok.eos_id} if tok.eos_id is not None else set()
     options = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, stop_ids=eos)
@@ -162,6 +195,19 @@ def generate(source: str | Path, prompt: str | list[str], max_new_tokens: int = 
     if len(final.text) > len(shown):  # what was held back, now that no stop string can complete it
         say(final.text[len(shown):])
     return final
+
+
+def _check_generate(src: Source, dtype: torch.dtype, prompts: list[list[int]], max_new_tokens: int) -> None:
+    """Refuse in one line a generation whose weights, cache and prefill would not fit in memory:
+    generation needs its weights resident (every token reads them all)."""
+    shape = memory.Shape.of(src.config)
+    longest = max(map(len, prompts))
+    positions = min(src.config.context_length, longest + max_new_tokens)
+
+    def need(dt: torch.dtype) -> memory.Need:
+        cache = memory.kv_cache_bytes(src.config, positions, dt, len(prompts))
+        return memory.generate_need(src.name, shape, cache, dt, longest, len(prompts))
+    memory.check(need(dtype), [("--dtype bf16", lambda: need(torch.bfloat16))] if dtype == torch.float32 else [])
 
 
 def _stop_prefix(text: str, stops: list[str]) -> int:
@@ -259,6 +305,9 @@ def perplexity(source: str | Path, text_file: str | Path, ctx: int = 512, agains
         adds_bos = tok.bos_id is not None and ids[:1].tolist() == [tok.bos_id] and \
             tok.encode(text[:PROBE], False)[:1] != [tok.bos_id]
         check_windows(ids, ctx, src.config.context_length, text_file)
+        if device.type == "cpu":
+            memory.check(memory.perplexity_need(src.name, memory.Shape.of(src.config), parse_dtype(dtype), ctx,
+                                                against is not None))
         base = _perplexity_base(against, revision, text, ids, src.config.vocab_size, ctx, text_file, device)
         m = measure(load_source(src, parse_dtype(dtype), device), ids, ctx, tok.bos_id if adds_bos else None, base,
                     on_window)

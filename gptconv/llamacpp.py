@@ -79,7 +79,7 @@ def _failed(path: Path, what: str) -> GptconvError:
 class LlamaCpp:
     """One GGUF file loaded in llama.cpp; ``vocab_only`` loads only its tokenizer."""
 
-    def __init__(self, path: Path, n_ctx: int = 512, vocab_only: bool = False) -> None:
+    def __init__(self, path: Path, n_ctx: int = 512, vocab_only: bool = False, n_seq: int = 1) -> None:
         self.lib = lib = library()
         self.path = Path(path)
         params = lib.llama_model_default_params()
@@ -95,7 +95,8 @@ class LlamaCpp:
         if not vocab_only:
             c = lib.llama_context_default_params()
             c.n_ctx = c.n_batch = c.n_ubatch = n_ctx
-            c.n_seq_max = 1
+            c.n_seq_max = n_seq
+            c.kv_unified = n_seq > 1  # the sequences of one batch share the context's cells
             c.n_threads = c.n_threads_batch = torch.get_num_threads()
             c.type_k = c.type_v = 0  # GGML_TYPE_F32
             c.flash_attn_type = lib.LLAMA_FLASH_ATTN_TYPE_DISABLED
@@ -140,6 +141,37 @@ class LlamaCpp:
                 raise _failed(self.path, f"failed to evaluate {len(ids)} tokens")
             pointer = lib.llama_get_logits(self.ctx)
             return np.ctypeslib.as_array(pointer, shape=(len(ids), self.n_vocab)).copy()
+        finally:
+            lib.llama_batch_free(batch)
+
+    def logits_of_each(self, sequences: list[list[int]]) -> list[np.ndarray]:
+        """float32 logits (T, V) at every position of each sequence, all evaluated in one batch (each its
+        own sequence, from an empty cache): llama.cpp reads its weights once for all of them."""
+        lib = self.lib
+        total = sum(len(ids) for ids in sequences)
+        if not 0 < total <= self.n_ctx or any(not ids for ids in sequences):
+            raise ValueError(f"{total} ids for a context of {self.n_ctx}")
+        lib.llama_memory_clear(lib.llama_get_memory(self.ctx), True)
+        batch = lib.llama_batch_init(total, 0, 1)
+        try:
+            n = 0
+            for seq, ids in enumerate(sequences):
+                for i, token in enumerate(ids):
+                    batch.token[n], batch.pos[n], batch.n_seq_id[n] = token, i, 1
+                    batch.seq_id[n][0] = seq
+                    batch.logits[n] = True
+                    n += 1
+            batch.n_tokens = total
+            _listen()
+            if lib.llama_decode(self.ctx, batch) != 0:
+                raise _failed(self.path, f"failed to evaluate {total} tokens in {len(sequences)} sequences")
+            pointer = lib.llama_get_logits(self.ctx)
+            every = np.ctypeslib.as_array(pointer, shape=(total, self.n_vocab))
+            out, start = [], 0
+            for ids in sequences:
+                out.append(every[start:start + len(ids)].copy())
+                start += len(ids)
+            return out
         finally:
             lib.llama_batch_free(batch)
 

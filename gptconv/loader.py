@@ -14,7 +14,9 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from . import memory
 from .convert import KeyMap, Plan, TensorInfo, model_shapes
+from .streaming import Streamed, assign, table_names, tie_groups
 from .families import BY_WRAPPER, for_gguf, for_hf
 from .sources.hf_folder import open_hf_folder
 from .sources.gguf_file import GGUFFile, open_gguf
@@ -142,9 +144,10 @@ def _text_model_of(name: str, path: Path, repo_id: str | None, ckpt) -> Source:
 
 
 def load_source(src: Source, dtype: str | torch.dtype = torch.float32, device: str | torch.device = "cpu",
-                blockwise: bool = False) -> nn.Module:
-    """Our model for an opened source. ``blockwise``: each block's weights are read just before it
-    runs and dropped after (see ``gptconv.parity.streaming``), for models too large to hold twice."""
+                blockwise: bool = False, solo: bool = True) -> nn.Module:
+    """Our model for an opened source. ``blockwise``: streamed (``gptconv.streaming``): each block's
+    weights read just before it runs and given back after it (``solo``; otherwise when the caller
+    says, ``model.streamed.empty``), the tables (embedding, head) read by rows, never whole."""
     dtype = parse_dtype(dtype)
     device = parse_device(device)
     model = build_empty(src.config)
@@ -154,17 +157,39 @@ def load_source(src: Source, dtype: str | torch.dtype = torch.float32, device: s
     if blockwise:
         if device.type != "cpu":
             raise GptconvError(f"{src.name}: a model run one block at a time runs on the CPU, not {device}")
-        from .parity.streaming import fill_blockwise
-        blocks = [f"blocks.{i}" for i in range(src.config.n_layers)]
-        if getattr(model, "mtp", None) is not None:
-            blocks.append("mtp")  # held, not run: its weights are never read
-        model = fill_blockwise(model, blocks,
-                              lambda name: plan.tensor(name, dtype))
+        model.streamed = stream_ours(model, plan, src.config.n_layers, dtype, solo)
     else:  # each tensor to the device as it is read: no CPU copy of the model (on the CPU, the mapped file)
+        if device.type == "cpu":
+            dt = str(dtype).removeprefix("torch.")
+            memory.check(memory.model_need(f"loading {src.name} ({dt})", memory.Shape.of(src.config), dtype),
+                         [("--dtype bf16", lambda: memory.model_need("", memory.Shape.of(src.config), torch.bfloat16))]
+                         if dtype == torch.float32 else [])
         model.load_state_dict({name: t.to(device) for name, t in plan.tensors(dtype)}, strict=True, assign=True)
         model = model.to(device)
     model.source = src
     return model.eval()
+
+
+def stream_ours(model: nn.Module, plan: Plan, n_layers: int, dtype: torch.dtype, solo: bool = True) -> Streamed:
+    """Our model (on meta) streamed from ``plan``: blocks filled as they run, tables read by rows (an
+    MTP draft head, held and never run, is never read)."""
+    blocks = [f"blocks.{i}" for i in range(n_layers)] + (["mtp"] if getattr(model, "mtp", None) is not None else [])
+
+    inside = tuple(f"{b}." for b in blocks)
+    tables = {name: reader for name in table_names(model, "lm_head.weight")
+              if (reader := plan.row_reader(name, dtype)) is not None}
+
+    def fill(block: str | None) -> None:
+        """A block's parameters, or (None) every one outside the blocks and the tables."""
+        module = model if block is None else model.get_submodule(block)
+        prefix = "" if block is None else f"{block}."
+        for first, group in tie_groups(module).items():
+            names = [prefix + n for n in group]
+            if block is None and (names[0].startswith(inside) or any(n in tables for n in names)):
+                continue
+            assign(model, names, plan.tensor(names[0], dtype))
+        plan.forget()
+    return Streamed(model, blocks, fill, tables, dtype, solo)
 
 
 def load(source: str | Path, dtype: str | torch.dtype = torch.float32, revision: str | None = None,

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
+from .streaming import model_device
+
 
 @dataclass(frozen=True)
 class Step:
@@ -27,7 +29,7 @@ def _step(name: str, x: torch.Tensor) -> Step:
 def trace_steps(model: nn.Module, ids: torch.Tensor) -> tuple[list[Step], torch.Tensor]:
     """Run ``model`` on ids (B, T); return its steps (ids first, logits last) and the logits."""
     steps = [_step("ids", ids)]
-    logits = model(ids.to(next(model.parameters()).device), tap=lambda name, x: steps.append(_step(name, x)))
+    logits = model(ids.to(model_device(model)), tap=lambda name, x: steps.append(_step(name, x)))
     return steps, logits
 
 

@@ -178,29 +178,56 @@ def wrappers(tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def shared_references():
     """transformers' side of a live verify made once per module: its model for each (file, dtype) and its
-    run on each input, reused by every later verify of the same file in this process. The reference is
+    run on each input, replayed to every later verify of the same file in this process. The reference is
     deterministic (the same file, dtype and ids give the same steps), so a test that shares it judges
     its own freshly loaded model (with any fault planted in it) exactly as a verify of its own would;
-    it saves the float64 truth, the costliest part of verifying real weights, being rebuilt per dtype."""
+    it saves the float64 truth, the costliest part of verifying real weights, being rebuilt per dtype.
+    A replayed run hands over the steps its first run handed over (``stop_here``), in its lane, in order."""
+    import threading
+
+    import gptconv.parity.hf_reference as hf_reference
+    import gptconv.parity.lockstep as lockstep
     import gptconv.parity.run as verify_run
+    from gptconv.streaming import stop_here
     models: dict = {}
     runs: dict = {}
-    make_model, run_steps = verify_run.transformers_model, verify_run.reference_steps
+    make_model, make_run = verify_run.transformers_model, verify_run.reference_run
+    recording = threading.local()
 
-    def model(src, dtype, blockwise=False):
-        key = (str(src.path), dtype, blockwise)
+    def model(src, dtype, blockwise=False, **kw):
+        key = (str(src.path), dtype, blockwise, kw.get("rows", True))
         if key not in models:
-            models[key] = make_model(src, dtype, blockwise=blockwise)
+            models[key] = make_model(src, dtype, blockwise=blockwise, **kw)
         return models[key]
 
-    def steps(hf_model, taps, n_layers, ids):
-        key = (id(hf_model), tuple(ids.shape), ids.numpy().tobytes())
-        if key not in runs:
-            runs[key] = run_steps(hf_model, taps, n_layers, ids)
-        return runs[key]
+    def record(name, t):
+        events = getattr(recording, "events", None)
+        if events is not None:
+            events.append((name, t.detach().clone()))
+        stop_here(name, t)
+
+    def run(hf, role, src, taps):
+        real = make_run(hf, role, src, taps)
+
+        def forward(ids):
+            key = (id(hf), tuple(ids.shape), ids.numpy().tobytes())
+            if key in runs:
+                events, logits = runs[key]
+                for name, t in events:
+                    stop_here(name, t)
+                return logits
+            recording.events = events = []
+            try:
+                logits = real.forward(ids)
+            finally:
+                recording.events = None
+            runs[key] = (events, logits.detach().clone())
+            return logits
+        return lockstep.Run(real.role, forward, real.streamed, real.blocks)
     patch = pytest.MonkeyPatch()
     patch.setattr(verify_run, "transformers_model", model)
-    patch.setattr(verify_run, "reference_steps", steps)
+    patch.setattr(verify_run, "reference_run", run)
+    patch.setattr(hf_reference, "stop_here", record)
     yield
     patch.undo()
 

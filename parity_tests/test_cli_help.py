@@ -161,15 +161,17 @@ def test_progress_on_a_terminal_only_and_off_with_quiet_or_json(ckpts, tmp_path)
         assert r.returncode == 0 and r.stderr == "", (name, r.stderr)  # stderr not a terminal: no bar
 
 
-def test_streamed_verify_counts_blocks(ckpts):
+def test_verify_counts_the_steps_it_compares(ckpts):
+    """Progress is in steps compared (every model's, on every input, in lockstep), streamed or not."""
     import gptconv
-    seen = []
-    report = gptconv.verify(ckpts["tiny"], length=16, blockwise=True, on_input=lambda done, total: seen.append((done, total)))
-    assert report.passed
-    n_inputs = len(report.inputs)
-    # ours, and the reference in float64 (the truth) and in our dtype: each block of each
-    total = n_inputs * 3 * gptconv.open_source(ckpts["tiny"]).config.n_layers
-    assert seen == [(k, total) for k in range(1, total + 1)]
+    for blockwise in (True, False):
+        seen = []
+        report = gptconv.verify(ckpts["tiny"], length=16, blockwise=blockwise,
+                                on_input=lambda done, total: seen.append((done, total)))
+        assert report.passed
+        total = len(report.steps)  # the embedding's dropout, each block, the final norm, the logits
+        assert total == gptconv.open_source(ckpts["tiny"]).config.n_layers + 3
+        assert seen == [(k, total) for k in range(1, total + 1)]
 
 
 def test_json_source_lists_what_a_load_reads_and_trusts_no_file_name(ckpts, tmp_path):

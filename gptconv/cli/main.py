@@ -220,12 +220,15 @@ def pull(source: str, as_json: bool, quiet: bool, revision: str | None) -> None:
 @click.argument("text", required=False)
 @click.option("--ids", default=None, help="Token ids instead of TEXT, e.g. '464,3139,286'.")
 @dtype_opt
+@click.option("--stream/--no-stream", default=None,
+              help="Read the model one block at a time as it runs [default: when it would not fit in memory whole].")
 @device_opt
 @revision_opt
-def trace(source: str, text: str | None, ids: str | None, dtype: str, device: str, revision: str | None) -> None:
+def trace(source: str, text: str | None, ids: str | None, dtype: str, stream: bool | None, device: str,
+          revision: str | None) -> None:
     """Print each named step of the forward pass on TEXT, with its shape and statistics."""
     from ..api import trace as trace_
-    render.trace(trace_(source, text, ids, dtype, revision, device))
+    render.trace(trace_(source, text, ids, dtype, revision, device, stream))
 
 
 @cli.command(epilog=example('gptconv generate gpt2 "Once upon a time" -n 40', 'gptconv generate smollm2-135m "Hi" --temperature 0.8 --top-p 0.95 --seed 0 --stop "\\\\n\\\\n"'))
@@ -265,7 +268,7 @@ def generate(source: str, prompt: str, max_new_tokens: int, temperature: float, 
 @click.option("--reference", "reference_file", type=click.Path(path_type=Path), default=None,
               help="Compare with a file from `gptconv reference` instead of running transformers.")
 @click.option("--stream/--no-stream", default=None,
-              help="Run both models one block at a time, for checkpoints too large to hold twice "
+              help="Run the models one block at a time, for checkpoints too large to hold beside the reference "
                    "[default: when they would not fit in memory side by side].")
 @click.option("--against", default="transformers", show_default=True, type=click.Choice(["transformers", "llama.cpp"]),
               help="The reference: transformers, or llama.cpp (llama-cpp-python) for a GGUF file.")

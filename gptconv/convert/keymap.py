@@ -247,6 +247,13 @@ class TensorInfo:
     dtype: torch.dtype
     load: Callable[[], torch.Tensor]  # reads the tensor (from a memory map where the format allows)
     stored: str = ""  # how the file stores it where that is not ``dtype`` (MXFP4: a pair, dequantized when read)
+    # reads some of its rows alone (a slice, or sorted ids) where the format can do better than reading it all
+    # (a GGUF file: only those rows' blocks); None: ``load()`` and index (a memory map reads only those pages)
+    rows: Callable[[slice | torch.Tensor], torch.Tensor] | None = None
+
+    def read_rows(self, index: slice | torch.Tensor) -> torch.Tensor:
+        """Rows ``index`` of this (2-D) tensor."""
+        return self.rows(index) if self.rows is not None else self.load()[index]
 
 
 @dataclass
@@ -281,6 +288,26 @@ class Plan:
             return tensor  # as read: a view of the mapped file where the layout allows
         # converted, so copied anyway: into (out, in) row order, which the one-row bfloat16 gemv needs
         return tensor.to(dtype, memory_format=torch.contiguous_format)
+
+    def row_reader(self, target: str, dtype: torch.dtype) -> Callable[[slice | torch.Tensor], torch.Tensor] | None:
+        """Rows of our parameter ``target`` read alone, in ``dtype``, where its rows are the source
+        tensor's rows as they are (a table moved by name: an embedding, a head); None where they are
+        not (a transform that mixes rows, a fused tensor)."""
+        key, transform = self._by_target[target]
+        if transform is not IDENTITY or len(self.sources[key].shape) != 2:
+            return None
+        info, copy = self.sources[key], self._tied_of.get(target)
+
+        def rows(index: slice | torch.Tensor) -> torch.Tensor:
+            tensor = info.read_rows(index)
+            if copy is not None and not torch.equal(self.sources[copy].read_rows(index), tensor):
+                raise GptconvError(f"{self.origin}: tensor '{copy}' should be a tied copy of '{key}' but differs from it")
+            return tensor.to(dtype, memory_format=torch.contiguous_format)
+        return rows
+
+    def forget(self) -> None:
+        """Let go of the source tensor kept from the last read (see ``_load``)."""
+        self._last = None
 
     def source_of(self, target: str) -> str:
         """The source tensor our parameter ``target`` is read from (a fused one: the whole)."""

@@ -11,6 +11,7 @@ import torch.nn as nn
 
 from ..errors import GptconvError
 from ..layers.linear import one_row_product
+from ..streaming import model_device
 from ..results import Result
 
 
@@ -138,6 +139,8 @@ class Report(Result):
     passed: bool = False
     notes: list[str] = field(default_factory=list)
     one_row_product: str = field(default_factory=one_row_product)  # our one-token linear (models/linear.py)
+    # where the time went, in seconds: each run's computing (truth, own, ours), reading streamed weights, comparing
+    seconds: dict[str, float] = field(default_factory=dict)
 
 
 @torch.no_grad()
@@ -149,7 +152,7 @@ def our_steps(model: nn.Module, ids: torch.Tensor, wanted: set[str]) -> dict[str
     def tap(name: str, x: torch.Tensor) -> None:
         if name in wanted:  # compared on the CPU, whatever the model runs on
             steps[name] = x.detach().cpu() if wide else x.detach().float().cpu()
-    model(ids.to(next(model.parameters()).device), tap=tap)
+    model(ids.to(model_device(model)), tap=tap)
     return steps
 
 
@@ -212,77 +215,164 @@ def kl_per_position(ref_logits: torch.Tensor, logits: torch.Tensor) -> torch.Ten
 
 Reference = Callable[[str, torch.Tensor], dict[str, torch.Tensor]]  # (input name, ids) → step → tensor
 
+TRUTH_RUN, OWN_RUN, OURS_RUN = "truth", "own", "ours"  # the three runs of a calibrated comparison
+
+
+class Calibrated:
+    """The calibrated comparison (see ``CALIBRATION_FACTOR``), kept as running sums: each step's
+    output is added as it exists, the truth's first (held until the step's other runs have come),
+    then the reference's own run in our dtype and ours, each against it and dropped. Only the sums
+    stay: Σ(ours − truth)², Σ(own − truth)², Σtruth², the count and max|ours − truth| per step; at
+    the logits, top-1 agreements and each position's KL."""
+
+    def __init__(self, dtype: torch.dtype, source: str, reference_name: str, inputs: dict[str, torch.Tensor]) -> None:
+        if dtype not in FLOOR:
+            raise ValueError(f"no calibrated verdict for {dtype}: verify float32, bfloat16 or float16")
+        self.dtype, self.source = dtype, source
+        self.report = Report(source, reference_name, str(dtype).removeprefix("torch."), calibrated_rule(dtype),
+                             {name: ids.shape[1] for name, ids in inputs.items()})
+        self.sums: dict[str, list[float]] = {}  # step → [Σ(ours − truth)², Σ(own − truth)², Σtruth², count, max|ours − truth|]
+        self.order: list[str] = []
+        self.truth: dict[str, torch.Tensor] = {}  # input → the truth of the step in hand
+        self.step: str | None = None
+        self.agree = self.own_agree = self.total = 0
+        self.kls: list[torch.Tensor] = []
+        self.own_kls: list[torch.Tensor] = []
+
+    def add(self, step: str, run: str, name: str, t: torch.Tensor) -> None:
+        """Step ``step`` of input ``name`` from ``run`` (``TRUTH_RUN`` first, then the others)."""
+        if step != self.step:
+            self.truth, self.step = {}, step
+            if step not in self.sums:
+                self.sums[step] = [0.0, 0.0, 0.0, 0, 0.0]
+                self.order.append(step)
+        acc = self.sums[step]
+        if run == TRUTH_RUN:
+            self.truth[name] = t
+            acc[2] += sum_sq_diff(t, torch.zeros(()))
+            acc[3] += t.numel()
+            if step == "logits":
+                self.total += t.shape[:-1].numel()
+            return
+        ref = self.truth[name]
+        if tuple(t.shape) != tuple(ref.shape):
+            raise ValueError(f"step '{step}' of input '{name}': {run} gives {list(t.shape)}, the truth {list(ref.shape)}")
+        if run == OWN_RUN:
+            acc[1] += sum_sq_diff(t, ref)
+        else:
+            acc[0] += sum_sq_diff(t, ref)
+            acc[4] = max(acc[4], max_abs_diff(t, ref))
+        if step == "logits":
+            hits = (t.argmax(-1) == ref.argmax(-1)).sum().item()
+            kl = kl_per_position(ref, t)
+            if run == OWN_RUN:
+                self.own_agree += hits
+                self.own_kls.append(kl)
+            else:
+                self.agree += hits
+                self.kls.append(kl)
+
+    def verdict(self) -> Report:
+        report, dtype = self.report, self.dtype
+        floor = FLOOR[dtype]
+        for step in self.order:
+            ours_sq, own_sq, truth_sq, count, worst = self.sums[step]
+            if not math.isfinite(truth_sq):  # the truth itself is NaN / Inf (a NaN weight): nothing passes
+                report.steps.append(StepDiff(step, math.inf, math.inf, False))
+                continue
+            if not math.isfinite(own_sq):
+                raise GptconvError(f"{self.source}: the reference's own {report.dtype} run holds NaN or Inf at '{step}', "
+                                   f"so there is no {report.dtype} error to judge ours by; verify in another dtype")
+            rms, own_rms = math.sqrt(ours_sq / count), math.sqrt(own_sq / count)
+            allowed = CALIBRATION_FACTOR * own_rms + floor * math.sqrt(truth_sq / count)
+            ratio = rms / own_rms if own_rms > 0 else None
+            report.steps.append(StepDiff(step, worst, allowed, math.isfinite(worst) and rms <= allowed, rms, own_rms,
+                                         ratio))
+        logits = self.sums["logits"]
+        report.max_abs_diff = logits[4] if math.isfinite(logits[2]) else math.inf
+        total, agree, own_agree = self.total, self.agree, self.own_agree
+        report.top1_agreement = agree / total
+        kl, own_kl = torch.cat(self.kls), torch.cat(self.own_kls)
+        report.kl_mean, report.kl_max = _finite_or_inf(kl.mean()), _finite_or_inf(kl.max())
+        report.reference_own = {"top1_agreement": own_agree / total, "kl_mean": _finite_or_inf(own_kl.mean()),
+                                "kl_max": _finite_or_inf(own_kl.max())}
+        report.first_divergent_step = next((s.name for s in report.steps if not s.passed), None)
+        if any(not math.isfinite(s.max_abs_diff) for s in report.steps):
+            report.notes.append("NaN or Inf values: a step that holds them fails whatever the tolerance")
+        top1_ok = total - agree <= CALIBRATION_FACTOR * (total - own_agree) + TOP1_GRACE
+        kl_ok = report.kl_mean <= CALIBRATION_FACTOR * report.reference_own["kl_mean"] + KL_FLOOR
+        if not kl_ok:
+            report.notes.append(f"mean KL above {CALIBRATION_FACTOR:g}× the reference's own")
+        if not top1_ok:
+            report.notes.append(f"top-1 disagreements above {CALIBRATION_FACTOR:g}× the reference's own")
+        report.passed = report.first_divergent_step is None and top1_ok and kl_ok
+        return report
+
+
+class Fixed:
+    """The fixed-tolerance comparison (a reference without a float64 run: llama.cpp), as running
+    results: per step the worst input (max|Δ| against its bound), at the logits top-1 and KL."""
+
+    def __init__(self, source: str, reference_name: str, tolerance: Tolerance, inputs: dict[str, torch.Tensor]) -> None:
+        self.tolerance = tolerance
+        self.report = Report(source, reference_name, "float32", asdict(tolerance) | {"rule": "fixed"},
+                             {name: ids.shape[1] for name, ids in inputs.items()})
+        self.worst: dict[str, StepDiff] = {}
+        self.order: list[str] = []
+        self.agree = self.total = 0
+        self.kls: list[torch.Tensor] = []
+
+    def add(self, step: str, ours: torch.Tensor, ref: torch.Tensor) -> None:
+        if step not in self.worst:
+            self.order.append(step)
+        diff, allowed = max_abs_diff(ours, ref), self.tolerance.allowed(ref)
+        passed = math.isfinite(diff) and diff <= allowed
+        prev = self.worst.get(step)
+        if prev is None or (prev.passed and not passed) or (
+                prev.passed == passed and diff - allowed > prev.max_abs_diff - prev.allowed):
+            self.worst[step] = StepDiff(step, diff, allowed, passed)
+        if step == "logits":
+            self.agree += (ours.argmax(-1) == ref.argmax(-1)).sum().item()
+            self.total += ref.shape[:-1].numel()
+            self.kls.append(kl_per_position(ref, ours))
+
+    def verdict(self) -> Report:
+        report = self.report
+        report.steps = [self.worst[s] for s in self.order]
+        report.max_abs_diff = self.worst["logits"].max_abs_diff
+        report.top1_agreement = self.agree / self.total
+        kl = torch.cat(self.kls)
+        report.kl_mean, report.kl_max = _finite_or_inf(kl.mean()), _finite_or_inf(kl.max())
+        report.first_divergent_step = next((s.name for s in report.steps if not s.passed), None)
+        if any(not math.isfinite(s.max_abs_diff) for s in report.steps):
+            report.notes.append("NaN or Inf values: a step that holds them fails whatever the tolerance")
+        top1_ok = report.top1_agreement >= self.tolerance.min_top1
+        if not top1_ok:
+            report.notes.append("top-1 agreement below the tolerance")
+        report.passed = report.first_divergent_step is None and top1_ok
+        return report
+
 
 def compare(model: nn.Module, inputs: dict[str, torch.Tensor], truth: Reference, source: str,
             reference_name: str, reference_at_dtype: Reference,
             on_input: Callable[[int, int], None] = lambda done, total: None) -> Report:
-    """Our model against a reference by the calibrated rule (see ``CALIBRATION_FACTOR``), on each
-    input in turn, every step the reference records; only one input's steps are held at a time.
-
-    ``truth`` gives the reference's float64 steps; ``reference_at_dtype`` the same reference run in
-    our model's dtype, whose distance from the truth is the error ours is allowed (twice over). A
-    NaN or Inf in ours or in the truth fails its step; one only in the reference at our dtype leaves
-    nothing to judge by (an error, neither a pass nor a failure).
-    """
-    dtype = next(model.parameters()).dtype
-    if dtype not in FLOOR:
-        raise ValueError(f"no calibrated verdict for {dtype}: verify float32, bfloat16 or float16")
-    report = Report(source, reference_name, str(dtype).removeprefix("torch."), calibrated_rule(dtype),
-                    {name: ids.shape[1] for name, ids in inputs.items()})
-    sums: dict[str, list[float]] = {}  # step → [Σ(ours − truth)², Σ(own − truth)², Σtruth², count, max|ours − truth|]
-    agree = own_agree = total = 0
-    kls, own_kls = [], []
-    order: list[str] = []
-    for name, ids in inputs.items():
+    """Our model against a reference given as whole runs (``truth``: its float64 steps; ``reference_at_dtype``:
+    the same in our dtype, whose distance from the truth is the error ours is allowed, twice over), by
+    the calibrated rule, on each input in turn. A NaN or Inf in ours or in the truth fails its step;
+    one only in the reference at our dtype leaves nothing to judge by (an error, neither a pass nor a
+    failure)."""
+    tally = Calibrated(next(model.parameters()).dtype, source, reference_name, inputs)
+    for n, (name, ids) in enumerate(inputs.items()):
         ref, own = truth(name, ids), reference_at_dtype(name, ids)
         ours = _our_steps_for(model, ids, ref)
-        for step, ref_t in ref.items():
-            acc = sums.setdefault(step, [0.0, 0.0, 0.0, 0, 0.0])
-            acc[0] += sum_sq_diff(ours[step], ref_t)
-            acc[1] += sum_sq_diff(own[step], ref_t)
-            acc[2] += sum_sq_diff(ref_t, torch.zeros(()))
-            acc[3] += ref_t.numel()
-            acc[4] = max(acc[4], max_abs_diff(ours[step], ref_t))
-        top = ref["logits"].argmax(-1)
-        agree += (ours["logits"].argmax(-1) == top).sum().item()
-        own_agree += (own["logits"].argmax(-1) == top).sum().item()
-        total += top.numel()
-        kls.append(kl_per_position(ref["logits"], ours["logits"]))
-        own_kls.append(kl_per_position(ref["logits"], own["logits"]))
-        order = list(ours)  # the trace order
+        for step in ours:  # the trace's order
+            if step in ref:
+                tally.add(step, TRUTH_RUN, name, ref[step])
+                tally.add(step, OWN_RUN, name, own[step])
+                tally.add(step, OURS_RUN, name, ours[step])
         del ref, ours, own
-        on_input(len(kls), len(inputs))
-    floor = FLOOR[dtype]
-    for step, (ours_sq, own_sq, truth_sq, count, worst) in sums.items():
-        if not math.isfinite(truth_sq):  # the truth itself is NaN / Inf (a NaN weight): nothing passes
-            report.steps.append(StepDiff(step, math.inf, math.inf, False))
-            continue
-        if not math.isfinite(own_sq):
-            raise GptconvError(f"{source}: the reference's own {report.dtype} run holds NaN or Inf at '{step}', so "
-                               f"there is no {report.dtype} error to judge ours by; verify in another dtype")
-        rms, own_rms = math.sqrt(ours_sq / count), math.sqrt(own_sq / count)
-        allowed = CALIBRATION_FACTOR * own_rms + floor * math.sqrt(truth_sq / count)
-        ratio = rms / own_rms if own_rms > 0 else None
-        report.steps.append(StepDiff(step, worst, allowed, math.isfinite(worst) and rms <= allowed, rms, own_rms,
-                                     ratio))
-    report.steps.sort(key=lambda s: order.index(s.name))
-    report.max_abs_diff = sums["logits"][4] if math.isfinite(sums["logits"][2]) else math.inf
-    report.top1_agreement = agree / total
-    kl, own_kl = torch.cat(kls), torch.cat(own_kls)
-    report.kl_mean, report.kl_max = _finite_or_inf(kl.mean()), _finite_or_inf(kl.max())
-    report.reference_own = {"top1_agreement": own_agree / total, "kl_mean": _finite_or_inf(own_kl.mean()),
-                            "kl_max": _finite_or_inf(own_kl.max())}
-    report.first_divergent_step = next((s.name for s in report.steps if not s.passed), None)
-    if any(not math.isfinite(s.max_abs_diff) for s in report.steps):
-        report.notes.append("NaN or Inf values: a step that holds them fails whatever the tolerance")
-    top1_ok = total - agree <= CALIBRATION_FACTOR * (total - own_agree) + TOP1_GRACE
-    kl_ok = report.kl_mean <= CALIBRATION_FACTOR * report.reference_own["kl_mean"] + KL_FLOOR
-    if not kl_ok:
-        report.notes.append(f"mean KL above {CALIBRATION_FACTOR:g}× the reference's own")
-    if not top1_ok:
-        report.notes.append(f"top-1 disagreements above {CALIBRATION_FACTOR:g}× the reference's own")
-    report.passed = report.first_divergent_step is None and top1_ok and kl_ok
-    return report
+        on_input(n + 1, len(inputs))
+    return tally.verdict()
 
 
 def compare_fixed(model: nn.Module, inputs: dict[str, torch.Tensor], reference: Reference, source: str,
@@ -290,42 +380,16 @@ def compare_fixed(model: nn.Module, inputs: dict[str, torch.Tensor], reference: 
                   on_input: Callable[[int, int], None] = lambda done, total: None) -> Report:
     """Our float32 model against a reference that has no float64 run (llama.cpp), to a fixed
     ``tolerance`` on max|Δ| per step and a minimum top-1 agreement."""
-    report = Report(source, reference_name, "float32", asdict(tolerance) | {"rule": "fixed"},
-                    {name: ids.shape[1] for name, ids in inputs.items()})
-    worst: dict[str, StepDiff] = {}
-    agree = total = 0
-    kls = []
-    order: list[str] = []
-    for name, ids in inputs.items():
+    tally = Fixed(source, reference_name, tolerance, inputs)
+    for n, (name, ids) in enumerate(inputs.items()):
         ref = reference(name, ids)
         ours = _our_steps_for(model, ids, ref)
-        for step, ref_t in ref.items():
-            diff, allowed = max_abs_diff(ours[step], ref_t), tolerance.allowed(ref_t)
-            passed = math.isfinite(diff) and diff <= allowed
-            prev = worst.get(step)
-            if prev is None or (prev.passed and not passed) or (
-                    prev.passed == passed and diff - allowed > prev.max_abs_diff - prev.allowed):
-                worst[step] = StepDiff(step, diff, allowed, passed)
-        top = ref["logits"].argmax(-1)
-        agree += (ours["logits"].argmax(-1) == top).sum().item()
-        total += top.numel()
-        kls.append(kl_per_position(ref["logits"], ours["logits"]))
-        order = list(ours)
+        for step in ours:
+            if step in ref:
+                tally.add(step, ours[step], ref[step])
         del ref, ours
-        on_input(len(kls), len(inputs))
-    report.steps = sorted(worst.values(), key=lambda s: order.index(s.name))
-    report.max_abs_diff = worst["logits"].max_abs_diff
-    report.top1_agreement = agree / total
-    kl = torch.cat(kls)
-    report.kl_mean, report.kl_max = _finite_or_inf(kl.mean()), _finite_or_inf(kl.max())
-    report.first_divergent_step = next((s.name for s in report.steps if not s.passed), None)
-    if any(not math.isfinite(s.max_abs_diff) for s in report.steps):
-        report.notes.append("NaN or Inf values: a step that holds them fails whatever the tolerance")
-    top1_ok = report.top1_agreement >= tolerance.min_top1
-    if not top1_ok:
-        report.notes.append("top-1 agreement below the tolerance")
-    report.passed = report.first_divergent_step is None and top1_ok
-    return report
+        on_input(n + 1, len(inputs))
+    return tally.verdict()
 
 
 def _our_steps_for(model: nn.Module, ids: torch.Tensor, ref: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -20,7 +20,8 @@ import torch.nn as nn
 
 from ..errors import GptconvError, where
 from ..families import BY_WRAPPER, family_of
-from .streaming import fill_blockwise
+from ..streaming import Rows, Streamed, model_device, stop_here, table_names
+from .hf_reading import GGUFReading, HFReading, Reading, missing
 
 # transformers' plain PyTorch code, in every dtype: eager attention, and experts run one by one (its
 # default grouped_mm has no float64 kernel, and the truth must run the same algorithm as the reference)
@@ -58,34 +59,145 @@ def load_transformers_model(path: Path, dtype: torch.dtype = torch.float32, conf
     return model.eval()
 
 
-def transformers_model(src, dtype: torch.dtype = torch.float32, blockwise: bool = False) -> nn.Module:
+def transformers_model(src, dtype: torch.dtype = torch.float32, blockwise: bool = False,
+                       reading: Reading | None = None, solo: bool = True, rows: bool = True) -> nn.Module:
     """transformers' own model for an opened source, eager attention, in ``dtype``: the reference.
 
-    From an HF folder its weights are read by transformers' own parameter names straight from the
-    checkpoint (never through our key map) and shape-checked; in fp32 from an fp32 folder these
-    are the very memory-mapped tensors our model holds, so the weights are in memory once for the
-    two models. ``blockwise``: one block's weights in memory at a time (``gptconv.parity.streaming``).
-    A folder under other names than transformers' (GPT-2's original keys) goes through
-    ``from_pretrained``. A GGUF file: see :func:`gguf_transformers_model`.
+    Its weights are transformers' own reading of the checkpoint (never through our key map), done
+    part by part (``hf_reading.py``): its loader on an HF folder's tensors, its GGUF functions on a
+    GGUF file's. ``blockwise``: each block's weights read just before it runs and given back after it
+    (``solo``; when the caller says otherwise: ``model.streamed.empty``); otherwise all are read now.
+    The tables (embedding, head) are read by rows either way (``gptconv.streaming.Rows``), so a
+    streamed reference computes the same bits as a whole one; with ``rows`` false they are read whole
+    (a model moved to a GPU). ``reading``: one shared by the models
+    of a verify (the float64 truth and our dtype), which reads each part once for both.
+
+    Read by ``from_pretrained`` instead, and whole: a multimodal checkpoint (transformers' whole model,
+    run on text), and the GGUF architectures transformers reads through its own quantizer (Qwen3.5,
+    LFM2). From an fp32 folder in fp32 the weights are the memory-mapped tensors, shared with ours.
     """
     if src.wrapper is not None:  # transformers' whole multimodal model, read by its own code, run on text
         if blockwise:
             raise where(src.path, f"the reference streams only text models; a '{src.wrapper}' checkpoint is read "
                                   "whole by transformers (verify with --no-stream)")
         return load_transformers_model(src.path, dtype, multimodal=True)
-    if src.format == "gguf":
+    if src.format == "gguf" and _read_by_quantizer(src):
         if blockwise:
-            raise where(src.path, "the reference streams only HF folders; transformers reads a GGUF file whole")
+            raise where(src.path, f"transformers reads a '{src.gguf.fields.arch}' GGUF file whole (through its GGUF "
+                                  "quantizer), so its reference cannot stream; verify with --no-stream")
         return gguf_transformers_model(src, dtype)
+    hf = empty_reference(src, dtype)
+    reading = reading or reading_for(src, hf, rows)
+    gaps = missing(hf, reading.covers)
+    if gaps:
+        raise where(src.path, (f"transformers cannot read this GGUF file (its GGUF reader leaves {len(gaps)} weights "
+                               f"unread, such as {gaps[0]}); verify it with --against llama.cpp") if src.format == "gguf" else
+                    f"holds no tensor that transformers reads as its '{gaps[0]}'" + (f" (+{len(gaps) - 1} more)"
+                                                                                       if len(gaps) > 1 else ""))
+    blocks = reference_blocks(src)
+    streamed = blocks if blockwise else []
+
+    def fill(block: str | None) -> None:
+        for part in ([block] if block is not None else [b for b in reading.parts if b not in streamed]):
+            reading.fill(hf, part, dtype)
+        if block is None:
+            _persistent_buffers(src, hf)
+    tables = {name: reading.rows(name, dtype) for name in reading.tables}
+    hf.streamed = Streamed(hf, streamed, fill, tables, dtype, solo)
+    hf.reading = reading  # for the next model of the same verify: each part read once for both
+    if not blockwise:
+        reading.forget()
+        unread = [n for n, p in hf.named_parameters() if p.is_meta and not isinstance(p, Rows)]
+        if unread:
+            raise where(src.path, f"transformers' reading leaves its '{unread[0]}' unread")
+    return hf.eval()
+
+
+def streams(src) -> bool:
+    """Whether transformers' reference for ``src`` can be read a block at a time (not a multimodal
+    checkpoint, nor a GGUF architecture its quantizer reads)."""
+    return src.wrapper is None and not (src.format == "gguf" and _read_by_quantizer(src))
+
+
+def reading_for(src, hf: nn.Module, rows: bool = True) -> Reading:
+    """transformers' reading of ``src`` by parts, for a model like ``hf`` (on meta); ``rows``: its tables
+    read by rows."""
     _transformers()
-    hf = _empty_transformers_model(src, dtype)
-    stored = _stored_names(src, hf)
-    if stored is not None:
-        return _fill(src, hf, stored, blockwise, dtype)
-    if blockwise:
-        raise where(src.path, "has tensors that are not under transformers' own names, so the reference cannot "
-                              "stream it; verify with --no-stream")
-    return load_transformers_model(src.path, dtype)
+    blocks = reference_blocks(src)
+    head = next((f"{n}.weight" for n, m in hf.named_modules() if m is hf.get_output_embeddings()), None)
+    tables = table_names(hf, head) if rows else []
+    if src.format == "gguf":
+        family = family_of(src.config)
+        model_type = family.transformers_reads_gguf_as[0] if family.transformers_reads_gguf_as else None
+        try:
+            return GGUFReading(src, hf, blocks, tables, model_type)
+        except (ValueError, KeyError, NotImplementedError, TypeError, RuntimeError) as e:
+            first = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise where(src.path, f"transformers cannot read this GGUF file ({first}); "
+                                  "verify it with --against llama.cpp") from None
+    return HFReading(src, hf, blocks, tables)
+
+
+def reference_blocks(src) -> list[str]:
+    """The module names of transformers' blocks for ``src``."""
+    block = reference_taps(src)["block.{i}"]
+    return [block.format(i=i) for i in range(src.config.n_layers)]
+
+
+def _read_by_quantizer(src) -> bool:
+    """Whether transformers reads this GGUF file's architecture through its GGUF quantizer (not tensor
+    by tensor with ``load_gguf_checkpoint``'s functions)."""
+    try:
+        from transformers.integrations.gguf.utils import is_gguf_arch_supported
+    except ImportError:
+        return False
+    return is_gguf_arch_supported(src.gguf.fields.arch)
+
+
+def _persistent_buffers(src, hf: nn.Module) -> None:
+    """Buffers an HF folder holds too (Gemma 4's layer_scalar): read, as from_pretrained does."""
+    if src.format != "hf":
+        return
+    persistent = set(hf.state_dict())
+    with torch.no_grad():
+        for name, buffer in hf.named_buffers():
+            if name in persistent and name in src.tensors and not buffer.is_meta:
+                buffer.copy_(src.tensors[name].load().to(buffer.dtype))
+
+
+def install_stops(hf: nn.Module, taps: dict[str, str], n_layers: int) -> nn.Module:
+    """Hooks that hand each step's output to the lane running the model (``gptconv.streaming.Lane``);
+    they do nothing outside a lane."""
+    if getattr(hf, "_stops", False):
+        return hf
+    hf._stops = True
+    modules = dict(hf.named_modules())
+    for step, module in taps.items():
+        for i in range(n_layers) if "{i}" in step else [None]:
+            def hook(_m, _inp, out, name=step.format(i=i)):
+                stop_here(name, out[0] if isinstance(out, tuple) else out)
+            modules[module.format(i=i)].register_forward_hook(hook)
+    return hf
+
+
+def empty_reference(src, dtype: torch.dtype) -> nn.Module:
+    """transformers' model for ``src`` on the meta device (its buffers computed for real), tied as it
+    ties at load time: from the folder's config.json, or for a GGUF file from the configuration the
+    file encodes as we read it (``gguf_transformers_model`` says why)."""
+    transformers = _transformers()
+    from accelerate import init_empty_weights
+    if src.format == "gguf":
+        try:
+            config = transformers.AutoConfig.for_model(**family_of(src.config).config_to_hf(src.config))
+        except ValueError as e:
+            raise where(src.path, f"transformers cannot represent this model ({e}); "
+                                  "verify it with --against llama.cpp") from None
+    else:
+        config = transformers.AutoConfig.from_pretrained(src.path)
+    with init_empty_weights():  # parameters on meta; buffers (RoPE frequencies, masks) computed for real
+        hf = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype, **EAGER)
+    hf.tie_weights()  # a tied head shares the embedding's parameter (transformers ties at load time)
+    return hf
 
 
 def gguf_transformers_model(src, dtype: torch.dtype = torch.float32) -> nn.Module:
@@ -116,20 +228,25 @@ def gguf_transformers_model(src, dtype: torch.dtype = torch.float32) -> nn.Modul
                               "verify it with --against llama.cpp") from None
 
 
-def gguf_config_disagreements(src) -> tuple[list[str], list[str]]:
+def gguf_config_disagreements(src, read: dict | None = None) -> tuple[list[str], list[str]]:
     """The fields where transformers' own reading of a GGUF file's metadata differs from ours. The
     reference runs on our reading (see :func:`gguf_transformers_model`), so a field we misread would
     go unseen; transformers reads some of them independently (its GGUF_CONFIG_MAPPING: sizes, eps,
-    RoPE theta; not RoPE scaling, not GPT-2's context), and those must agree. Returns (those disagreements,
-    notes on what could not be cross-checked)."""
+    RoPE theta; not RoPE scaling, not GPT-2's context), and those must agree. ``read``: what its
+    ``load_gguf_checkpoint`` read of the file's metadata, where the reference's reading has it already.
+    Returns (those disagreements, notes on what could not be cross-checked)."""
     from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
 
     transformers = _transformers()
     ours = family_of(src.config).config_to_hf(src.config)
     ours["rope_theta"] = ours.pop("rope_parameters", {}).get("rope_theta")
     try:
-        with contextlib.redirect_stderr(io.StringIO()):
-            theirs = transformers.AutoConfig.from_pretrained(src.path.parent, gguf_file=src.path.name).to_dict()
+        if read is not None:  # the config class from_pretrained would make of it
+            with contextlib.redirect_stderr(io.StringIO()):
+                theirs = transformers.AutoConfig.for_model(**read).to_dict()
+        else:
+            with contextlib.redirect_stderr(io.StringIO()):
+                theirs = transformers.AutoConfig.from_pretrained(src.path.parent, gguf_file=src.path.name).to_dict()
     except Exception as e:  # noqa: BLE001 - its config classes refuse what its GGUF mapping makes (Gemma 4's lists)
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         return [], [f"not cross-checked: transformers cannot read this file's metadata itself ({type(e).__name__}: "
@@ -143,49 +260,6 @@ def gguf_config_disagreements(src) -> tuple[list[str], list[str]]:
         if value is not None and other is not None and not same:
             out.append(f"transformers reads {key} = {other!r} from the file, we read {value!r}")
     return out, []
-
-
-def _fill(src, hf: nn.Module, stored: dict[str, str], blockwise: bool, dtype: torch.dtype) -> nn.Module:
-    shapes = {name: tuple(p.shape) for name, p in hf.named_parameters(remove_duplicate=False)}
-
-    def weight(name: str) -> torch.Tensor:
-        tensor = src.tensors[stored[name]].load().to(dtype)  # no copy when the file holds this dtype
-        if tuple(tensor.shape) != shapes[name]:
-            raise where(src.path, f"tensor '{stored[name]}' has shape {tuple(tensor.shape)}; transformers' "
-                                  f"'{name}' is {shapes[name]}")
-        return tensor
-    persistent = set(hf.state_dict())  # buffers the file holds too (Gemma 4's layer_scalar): read, as from_pretrained does
-    with torch.no_grad():
-        for name, buffer in hf.named_buffers():
-            if name in persistent and name in src.tensors:
-                buffer.copy_(src.tensors[name].load().to(buffer.dtype))
-    blocks = family_of(src.config).hf_steps["block.{i}"]
-    lazy_blocks = [blocks.format(i=i) for i in range(src.config.n_layers)] if blockwise else []
-    return fill_blockwise(hf, lazy_blocks, weight).eval()  # with no blocks named, every weight is read now
-
-
-def _empty_transformers_model(src, dtype: torch.dtype) -> nn.Module:
-    from accelerate import init_empty_weights
-    from transformers import AutoConfig, AutoModelForCausalLM
-    with init_empty_weights():  # parameters on meta; buffers (RoPE frequencies, masks) computed for real
-        hf = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(src.path), dtype=dtype, **EAGER)
-    hf.tie_weights()  # a tied head shares the embedding's parameter (transformers ties at load time)
-    return hf
-
-
-def _stored_names(src, hf: nn.Module) -> dict[str, str] | None:
-    """transformers' parameter name → the name the file stores it under (a tied head: the
-    embedding's), or None when some parameter is under no name transformers uses."""
-    stored: dict[str, str] = {}
-    groups: dict[int, list[str]] = {}
-    for name, p in hf.named_parameters(remove_duplicate=False):
-        groups.setdefault(id(p), []).append(name)
-    for group in groups.values():
-        present = [n for n in group if n in src.tensors]
-        if not present:
-            return None
-        stored.update({n: present[0] for n in group})
-    return stored
 
 
 def reference_taps(src) -> dict[str, str]:
@@ -216,7 +290,7 @@ def reference_steps(hf_model: nn.Module, taps: dict[str, str], n_layers: int,
                 steps[name] = keep(out[0] if isinstance(out, tuple) else out)
             hooks.append(modules[module.format(i=i)].register_forward_hook(hook))
     try:
-        steps["logits"] = keep(hf_model(ids.to(hf_model.device), use_cache=False).logits)
+        steps["logits"] = keep(hf_model(ids.to(model_device(hf_model)), use_cache=False).logits)
     finally:
         for h in hooks:
             h.remove()

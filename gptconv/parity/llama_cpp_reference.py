@@ -5,35 +5,40 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 import torch.nn as nn
 
+from .. import memory
 from ..errors import GptconvError, where
 from ..llamacpp import LlamaCpp, dequantize_file, library, version
-from .compare import LLAMA_CPP, PROMPTS, Report, compare_fixed, kl_per_position
+from .compare import LLAMA_CPP, PROMPTS, Fixed, Report, kl_per_position
+from .lockstep import Run, lockstep, our_run
 
 
-def verify_gguf(src: Any, model: nn.Module, inputs: dict[str, torch.Tensor]) -> Report:
+def verify_gguf(src: Any, make_model: Callable[[], nn.Module], inputs: dict[str, torch.Tensor]) -> Report:
     """Our model against llama.cpp on the same ids: logits, top-1 and KL, and the tokenizer.
 
     A file whose weights are not all F32 is first rewritten in F32 by llama.cpp's own quantizer, so
     that both sides compute on the same weights (each dequantized by its own code); llama.cpp's
     quantized kernels also round the activations (to 8 bits for Q4/Q8 weights, to F16 for F16), and
-    the file as stored is reported beside, not judged.
+    the file as stored is reported beside, not judged. llama.cpp runs first, every input in one batch
+    (its weights read once), and is closed before ``make_model()`` makes ours, which then runs beside
+    llama.cpp's logits alone (streamed where it is).
     """
     library()
     if src.format != "gguf":
         raise where(src.path, "verify --against llama.cpp needs a GGUF file (export one with "
                               "`gptconv export --format gguf`)")
-    if next(model.parameters()).dtype != torch.float32:
-        raise ValueError("llama.cpp's reference is float32: compare a float32 model")
-    n_ctx = max(ids.shape[1] for ids in inputs.values())
     types = sorted(set(src.stored_types.values()))
     stored_f32 = types == ["F32"]
+    names, sequences = list(inputs), [ids[0].tolist() for ids in inputs.values()]
+    start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="gptconv-llama-cpp-") as tmp:
         path = src.path
         if not stored_f32:
@@ -45,16 +50,52 @@ def verify_gguf(src: Any, model: nn.Module, inputs: dict[str, torch.Tensor]) -> 
                                    f"{free / 1e9:.1f} GB are free (set TMPDIR to a larger disk)")
             dequantize_file(src.path, path)
         weights = "F32 file" if stored_f32 else f"weights ({', '.join(types)}) dequantized to F32 by llama.cpp's quantizer"
-        with LlamaCpp(path, n_ctx) as llm:
-            def logits(name: str, ids: torch.Tensor) -> dict[str, torch.Tensor]:
-                return {"logits": torch.from_numpy(llm.logits(ids[0].tolist()))[None]}  # llama.cpp gives no other step
-            report = compare_fixed(model, inputs, logits, str(src.name),
-                             f"llama.cpp (llama-cpp-python {version()}, {weights}, F32 KV cache)",
-                             tolerance=LLAMA_CPP[src.arch])
+        theirs = _logits(path, sequences, names)
+    stored = None if stored_f32 else _logits(src.path, sequences, names)
+    llama_seconds = time.perf_counter() - start
+    model = make_model()
+    if next(p for p in model.parameters()).dtype != torch.float32:
+        raise ValueError("llama.cpp's reference is float32: compare a float32 model")
+    tally = Fixed(str(src.name), f"llama.cpp (llama-cpp-python {version()}, {weights}, F32 KV cache)",
+                  LLAMA_CPP[src.arch], inputs)
+    as_stored = {"agree": 0, "total": 0, "kls": []}
+
+    def take(step: str, _run: Run, name: str, ours: torch.Tensor) -> None:
+        ours = ours.detach().float().cpu()
+        tally.add("logits", ours, theirs.pop(name))
+        if stored is not None:
+            other = stored.pop(name)
+            as_stored["agree"] += int((other.argmax(-1) == ours.argmax(-1)).sum())
+            as_stored["total"] += ours.shape[1]
+            as_stored["kls"].append(kl_per_position(ours, other))
+    seconds = lockstep([our_run(model, set())], inputs, take)
+    report = tally.verdict()
+    report.seconds = {"llama.cpp": llama_seconds, **seconds}
     _check_tokenizer(src, report)
-    if not stored_f32:
-        report.notes.append(_as_stored(src, model, inputs, n_ctx, types))
+    if stored is not None:
+        kl = torch.cat(as_stored["kls"])
+        report.notes.append(
+            f"llama.cpp on the file as stored ({', '.join(types)} kernels, which also round activations), not judged: "
+            f"top-1 agreement {as_stored['agree'] / as_stored['total']:.2%}, KL mean {kl.mean().item():.3e}, "
+            f"max {kl.max().item():.3e}")
     return report
+
+
+def _logits(path: Path, sequences: list[list[int]], names: list[str]) -> dict[str, torch.Tensor]:
+    """llama.cpp's logits (1, T, V) of each sequence, by input name: each alone where the file fits in
+    memory (its pages stay cached between them), else all in one batch of as many sequences, so that
+    llama.cpp reads a file larger than memory once, not once a sequence (the two round differently in
+    float32: llama.cpp sums a sequence's attention over the cells of all of them)."""
+    if fits_in_memory(path):
+        with LlamaCpp(path, max(len(ids) for ids in sequences)) as llm:
+            return {name: torch.from_numpy(llm.logits(ids))[None] for name, ids in zip(names, sequences)}
+    with LlamaCpp(path, sum(len(ids) for ids in sequences), n_seq=len(sequences)) as llm:
+        return {name: torch.from_numpy(t)[None] for name, t in zip(names, llm.logits_of_each(sequences))}
+
+
+def fits_in_memory(path: Path) -> bool:
+    """Whether a file's pages can stay cached from one llama.cpp pass to the next."""
+    return path.stat().st_size < memory.available()
 
 
 def _check_tokenizer(src: Any, report: Report) -> None:
@@ -71,18 +112,3 @@ def _check_tokenizer(src: Any, report: Report) -> None:
                 report.passed = False
                 return
     report.notes.append(f"llama.cpp tokenizes the {len(PROMPTS)} prompts as we do")
-
-
-def _as_stored(src: Any, model: nn.Module, inputs: dict[str, torch.Tensor], n_ctx: int, types: list[str]) -> str:
-    agree = total = 0
-    kls = []
-    with LlamaCpp(src.path, n_ctx) as llm, torch.no_grad():
-        for ids in inputs.values():
-            theirs = torch.from_numpy(llm.logits(ids[0].tolist()))
-            ours = model(ids)[0].float()
-            agree += int((theirs.argmax(-1) == ours.argmax(-1)).sum())
-            total += ids.shape[1]
-            kls.append(kl_per_position(ours, theirs))
-    kl = torch.cat(kls)
-    return (f"llama.cpp on the file as stored ({', '.join(types)} kernels, which also round activations), not judged: "
-            f"top-1 agreement {agree / total:.2%}, KL mean {kl.mean().item():.3e}, max {kl.max().item():.3e}")

@@ -3,22 +3,21 @@ the reference at our dtype), a recorded file, or llama.cpp — and the inputs bo
 
 from __future__ import annotations
 
-import math
-import os
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
+from .. import memory
 from ..devices import parse_device
 from ..errors import GptconvError, where
 from ..layers.kv_cache import cache_window
 from ..loader import Source, load_source, open_source, parse_dtype
 from ..output import check_output
 from ..tokenizer import tokenizer_or_none
-from ..tracing import trace_steps
-from .compare import TRUTH, Report, compare, parity_inputs
-from .hf_reference import gguf_config_disagreements, reference_steps, reference_taps, transformers_model
+from .compare import OURS_RUN, OWN_RUN, TRUTH, TRUTH_RUN, Calibrated, Report, parity_inputs
+from .hf_reference import gguf_config_disagreements, reference_steps, reference_taps, transformers_model  # noqa: F401
+from .lockstep import Run, expand, kept, lockstep, our_run, reference_run
 from .recorded import check_against, read_reference, save_reference
 
 
@@ -34,11 +33,11 @@ def verify(source: str | Path, dtype: str = "float32", length: int | None = None
     Against transformers (live or recorded), every dtype is judged by one rule: the reference runs in
     float64 (the truth) and in our dtype, and ours passes when it is as close to the truth as the
     reference itself is (``compare.CALIBRATION_FACTOR``). Against llama.cpp (float32 only), to a fixed
-    tolerance (``compare.LLAMA_CPP``). ``blockwise``: run both models one block
-    at a time (``streaming.py``); by default, when they would not fit in memory side by side.
-    ``device``: where both models run (the comparison is on the CPU; llama.cpp runs on the CPU).
-    ``on_input(done, total)``: progress, in inputs compared or, streamed, in blocks run (ours and the
-    references', every input).
+    tolerance (``compare.LLAMA_CPP``). The models run in lockstep (``lockstep.py``), each step
+    compared as soon as it exists. ``blockwise``: their weights streamed, one block at a time
+    (``gptconv.streaming``); by default, when they would not fit in memory side by side.
+    ``device``: where the models run (the comparison is on the CPU; llama.cpp runs on the CPU).
+    ``on_input(done, total)``: progress, in steps compared.
     """
     device = parse_device(device)
     if against not in REFERENCES:
@@ -58,84 +57,132 @@ def verify(source: str | Path, dtype: str = "float32", length: int | None = None
         asked = length
         if window is not None and length is None:
             length = min(window, input_length(src, None))  # llama.cpp attends past the window: compare within it
-        report = verify_gguf(src, load_source(src, dt, device), verify_inputs(src, length, seed))
+        inputs = verify_inputs(src, length, seed)
+        stream = plan_stream(src, dt, device, blockwise, inputs, "llama.cpp")
+        report = verify_gguf(src, lambda: load_source(src, dt, device, blockwise=stream, solo=False), inputs)
         if window is not None and (asked is None or asked > window):
             report.notes.append(f"llama.cpp attends past this model's sliding window ({window}), transformers and "
                                 f"gptconv do not: " + ("compared within the window" if asked is None else
                                                       "past it the two differ by design"))
         return report
     if reference_file is not None:
-        model = load_source(src, dt, device)
-        inputs, runs, meta = read_reference(Path(reference_file))
-        if meta.get("arch") != src.arch:
-            raise where(reference_file, f"records a '{meta.get('arch')}' model, the source is '{src.arch}'")
-        if name not in runs:
-            raise where(reference_file, f"records no {name} run of the reference; record one with "
-                                        f"`gptconv reference --dtype {name}`")
-        ours = {s.name for s in trace_steps(model, torch.zeros(1, 1, dtype=torch.long))[0]}  # a 1-token run
-        check_against(Path(reference_file), inputs, runs, src.config, ours)
-        return compare(model, inputs, lambda n, ids: runs["float64"][n], source,
-                       f"recorded: {reference_file} (fp64 and {name})", lambda n, ids: runs[name][n],
-                       on_input=on_input)
-    if blockwise is None:
-        blockwise = device.type == "cpu" and src.format == "hf" and _too_big_for_two(src, dt)
-    if blockwise:
-        src = open_source(source, revision, backend="per-tensor")  # each block's tensors unmapped when dropped
-    model = load_source(src, dt, device, blockwise=blockwise)
-    # an fp32 folder verified in fp32 on the CPU: the weights in memory once for ours and the fp32
-    # reference; streamed (blockwise) models hold meta tensors between blocks, and stay where they
-    # are (on the CPU)
-    place = (lambda m: m) if device.type == "cpu" else (lambda m: m.to(device))  # noqa: E731
-    truth = place(transformers_model(src, TRUTH, blockwise=blockwise))
-    hf = place(transformers_model(src, dt, blockwise=blockwise))
+        return _against_recorded(src, source, revision, Path(reference_file), dt, device, blockwise, on_input)
     inputs = verify_inputs(src, length, seed)
-    if blockwise:  # an input takes long: count blocks
-        _count_blocks([(model, "blocks.{i}"), *((m, reference_taps(src)["block.{i}"]) for m in (truth, hf))],
-                      src.config.n_layers, len(inputs), on_input)
-        on_input = lambda done, total: None  # noqa: E731
+    stream = plan_stream(src, dt, device, blockwise, inputs, "transformers")
+    src = _opened(src, source, revision, stream)
+    place = (lambda m: m) if device.type == "cpu" else (lambda m: m.to(device))  # noqa: E731
+    rows = device.type == "cpu"  # a model on another device holds its tables whole
+    truth_model = transformers_model(src, TRUTH, blockwise=stream, solo=False, rows=rows)
+    reading = getattr(truth_model, "reading", None)
+    own_model = transformers_model(src, dt, blockwise=stream, reading=reading, solo=False, rows=rows)
+    model = load_source(src, dt, device, blockwise=stream, solo=False)
+    taps = reference_taps(src)
     import transformers
-    run = lambda m: lambda n, ids: reference_steps(m, reference_taps(src), src.config.n_layers, ids)  # noqa: E731
-    report = compare(model, inputs, run(truth), source,
-                     f"transformers {transformers.__version__} (fp64 and {name}, eager{', blockwise' if blockwise else ''})",
-                     run(hf), on_input=on_input)
+    tally = Calibrated(dt, str(source), f"transformers {transformers.__version__} (fp64 and {name}, eager"
+                                        f"{', blockwise' if stream else ''})", inputs)
+    runs = [reference_run(place(truth_model), TRUTH_RUN, src, taps), reference_run(place(own_model), OWN_RUN, src, taps),
+            our_run(model, set(expand(taps, src.config.n_layers)))]
+    seconds = lockstep(runs, inputs, lambda step, run, input_name, t: tally.add(step, run.role, input_name, kept(t)),
+                       _progress(len(expand(taps, src.config.n_layers)) + 1, on_input))
+    report = tally.verdict()
+    report.seconds = seconds
     if src.format == "gguf":  # the reference runs on our reading of the file's metadata: check it
-        misread, unchecked = gguf_config_disagreements(src)
+        misread, unchecked = gguf_config_disagreements(src, getattr(reading, "read_config", None))
         report.notes += misread + unchecked
         report.passed = report.passed and not misread
     return report
 
 
-def _count_blocks(models: list[tuple[torch.nn.Module, str]], n_layers: int, n_inputs: int,
-                  progress: Callable[[int, int], None]) -> None:
-    """``progress(done, total)`` after every block any of ``models`` runs (block names ``template``)."""
-    total, done = n_inputs * len(models) * n_layers, [0]
+def _against_recorded(src: Source, source: str | Path, revision: str | None, path: Path, dt: torch.dtype,
+                      device: torch.device, blockwise: bool | None, on_input: Callable[[int, int], None]) -> Report:
+    """Our model against a file ``gptconv reference`` recorded: its float64 run is the truth, its run in
+    our dtype the reference's own error."""
+    name = str(dt).removeprefix("torch.")
+    inputs, runs, meta = read_reference(path)
+    if meta.get("arch") != src.arch:
+        raise where(path, f"records a '{meta.get('arch')}' model, the source is '{src.arch}'")
+    if name not in runs:
+        raise where(path, f"records no {name} run of the reference; record one with `gptconv reference --dtype {name}`")
+    check_against(path, inputs, runs, src.config, None)
+    stream = plan_stream(src, dt, device, blockwise, inputs, "recorded", held=path.stat().st_size)
+    model = load_source(_opened(src, source, revision, stream), dt, device, blockwise=stream, solo=False)
+    tally = Calibrated(dt, str(source), f"recorded: {path} (fp64 and {name})", inputs)
+    recorded = set().union(*(steps.keys() for r in runs.values() for steps in r.values()))
+    seen: set[str] = set()
 
-    def tick(*_args) -> None:
+    def take(step: str, _run: Run, input_name: str, tensor: torch.Tensor) -> None:
+        seen.add(step)
+        for role, run in ((TRUTH_RUN, "float64"), (OWN_RUN, name)):
+            if step not in runs[run][input_name]:
+                raise where(path, f"the {run} run of '{input_name}' records no step '{step}'")
+            tally.add(step, role, input_name, runs[run][input_name][step])
+        tally.add(step, OURS_RUN, input_name, kept(tensor))
+    seconds = lockstep([our_run(model, recorded)], inputs, take, _progress(len(recorded), on_input))
+    unknown = sorted(recorded - seen)
+    if unknown:
+        raise where(path, f"records a step '{unknown[0]}' this model does not have")
+    report = tally.verdict()
+    report.seconds = seconds
+    return report
+
+
+def _progress(total: int, on_input: Callable[[int, int], None]) -> Callable[[str], None]:
+    done = [0]
+
+    def step(_name: str) -> None:
         done[0] += 1
-        progress(done[0], total)
-    for model, template in models:
-        for i in range(n_layers):
-            model.get_submodule(template.format(i=i)).register_forward_hook(tick)
+        on_input(done[0], total)
+    return step
 
 
-def _too_big_for_two(src: Source, dtype: torch.dtype) -> bool:
-    """Would our model (in ``dtype``) and the references (float64, the truth, and ``dtype``) together
-    take over half the free memory? From an fp32 folder, verified in fp32, ours and the fp32
-    reference share one copy of the weights."""
-    n = sum(math.prod(t.shape) for t in src.tensors.values())
+def verify_need(src: Source, dtype: torch.dtype, lengths: list[int], stream: bool, reference: str,
+                shape: memory.Shape | None = None, held: int = 0) -> memory.Need:
+    """What verify of ``src`` (or ``gptconv reference``: ``reference`` "record") will hold at its peak."""
+    shape = shape or memory.Shape.of(src.config)
+    stored = 4 if src.format == "gguf" else max((t.dtype.itemsize for t in src.tensors.values()
+                                                 if t.dtype.is_floating_point), default=4)
     shared = src.format == "hf" and dtype == torch.float32 and set(src.stored_types.values()) == {"float32"}
-    return n * (dtype.itemsize + (0 if shared else dtype.itemsize) + TRUTH.itemsize) > 0.5 * _available_memory()
+    return memory.verify_need(src.name, shape, lengths, dtype, stored, stream, shared, reference, held)
 
 
-def _available_memory() -> int:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+def plan_stream(src: Source, dtype: torch.dtype, device: torch.device, asked: bool | None,
+                inputs: dict[str, torch.Tensor], reference: str, held: int = 0) -> bool:
+    """Whether the runs stream (as asked; by default, where the whole models would not fit and streamed
+    ones do), refusing in one line a plan that fits neither way (``memory.check``)."""
+    shape = memory.Shape.of(src.config)
+    lengths = [ids.shape[1] for ids in inputs.values()]
+
+    def need(stream: bool, lengths: list[int] = lengths) -> memory.Need:
+        return verify_need(src, dtype, lengths, stream, reference, shape, held)
+    can_stream = device.type == "cpu" and streamable(src, reference)
+    if asked is not None:
+        stream = asked
+    else:
+        stream = can_stream and need(False).peak > memory.available() and need(True).peak <= memory.available()
+    alternatives = [("--stream", lambda: need(True))] if can_stream and not stream else []
+    for n in (256, 64):
+        if n < max(lengths):
+            both = can_stream and not stream
+            alternatives.append((f"{'--stream ' if both else ''}--length {n}",
+                                 lambda n=n: need(stream or can_stream, [min(x, n) for x in lengths])))
+    memory.check(need(stream), alternatives)
+    return stream
+
+
+def streamable(src: Source, reference: str) -> bool:
+    """Whether the runs of a verify of ``src`` can stream: ours always can; transformers' reference reads a
+    multimodal checkpoint, and the GGUF architectures of its quantizer, whole."""
+    if reference not in ("transformers", "record"):
+        return True
+    from .hf_reference import streams
+    return streams(src)
+
+
+def _opened(src: Source, source: str | Path, revision: str | None, stream: bool) -> Source:
+    """``src``, or opened again so that each tensor's mapping goes with it (a streamed HF folder)."""
+    if stream and src.format == "hf":
+        return open_source(source, revision, backend="per-tensor")
+    return src
 
 
 def record_reference(source: str, out: Path, length: int | None = None, seed: int = 0,
@@ -147,12 +194,19 @@ def record_reference(source: str, out: Path, length: int | None = None, seed: in
     check_output(out, force)  # before the runs
     src = open_source(source, revision)
     inputs = verify_inputs(src, length, seed)
-    runs = {}
+    stream = plan_stream(src, parse_dtype(dtype), torch.device("cpu"), None, inputs, "record")
+    src = _opened(src, source, revision, stream)
+    taps, reading, models = reference_taps(src), None, []
     for dt in dict.fromkeys([TRUTH, torch.float32, parse_dtype(dtype)]):
-        hf = transformers_model(src, dt)
-        runs[str(dt).removeprefix("torch.")] = {name: reference_steps(hf, reference_taps(src), src.config.n_layers, ids)
-                                                for name, ids in inputs.items()}
-        del hf
+        hf = transformers_model(src, dt, blockwise=stream, reading=reading, solo=False)
+        reading = getattr(hf, "reading", None)
+        models.append(reference_run(hf, str(dt).removeprefix("torch."), src, taps))
+    runs: dict[str, dict[str, dict[str, torch.Tensor]]] = {}
+
+    def take(step: str, run: Run, input_name: str, t: torch.Tensor) -> None:
+        runs.setdefault(run.role, {}).setdefault(input_name, {})[step] = kept(t)
+    lockstep(models, inputs, take)
+    del models
     save_reference(Path(out), runs, inputs, {"arch": src.arch, "source": str(source),
                                              "transformers": transformers.__version__}, force)
     return Path(out)

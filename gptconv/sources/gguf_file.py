@@ -11,6 +11,7 @@ means for a model is ``convert/``'s business.
 from __future__ import annotations
 
 import math
+import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +64,18 @@ class GGUFFile:
     fields: GGUFFields
     tensors: dict[str, TensorInfo]
     stored_types: dict[str, str]  # tensor name → GGML type (Q4_1, F32, …)
+
+    def raw(self, name: str, start: int = 0, stop: int | None = None) -> tuple[np.ndarray, GGMLQuantizationType]:
+        """Rows ``start:stop`` of tensor ``name`` as stored (GGUFReader's layout: its dtype, bytes for a
+        quantized type), read alone from the file, and its type: what a dequantizer takes."""
+        t = self._by_name[name]
+        return _read(self.path, t, start, stop), t.tensor_type
+
+    @property
+    def _by_name(self) -> dict[str, Any]:
+        if "_tensor_table" not in self.__dict__:
+            self.__dict__["_tensor_table"] = {t.name: t for t in self.fields.reader.tensors}
+        return self.__dict__["_tensor_table"]
 
 
 def check_header(path: Path) -> None:
@@ -223,24 +236,74 @@ def open_gguf(path: Path) -> GGUFFile:
     tensors, types = {}, {}
     for t in reader.tensors:  # laid out as llama.cpp requires, inside the file (check_tensor_table)
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))  # ggml lists dims innermost first
-        tensors[t.name] = TensorInfo(shape, torch.float32, _loader(path, t, shape))
+        tensors[t.name] = TensorInfo(shape, torch.float32, _loader(path, t, shape), rows=_row_reader(path, t, shape))
         types[t.name] = t.tensor_type.name
     return GGUFFile(path, fields, tensors, types)
 
 
 def _loader(path: Path, t: Any, shape: tuple[int, ...]):
     def load() -> torch.Tensor:
-        try:
-            # numpy's floating-point warnings off: a corrupt block scale (Inf times a quant of 0) printed
-            # "RuntimeWarning: invalid value encountered in multiply" ahead of our output or our one error
-            # line. The NaN or Inf it makes is judged where the weights are used: export refuses them,
-            # verify reports them.
-            with np.errstate(all="ignore"):
-                if t.tensor_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
-                    array = np.asarray(t.data, dtype=np.float32)
-                else:
-                    array = dequantize(t.data, t.tensor_type)
-                return torch.from_numpy(np.array(array, dtype=np.float32, copy=True)).reshape(shape)
-        except (NotImplementedError, ValueError, TypeError) as e:
-            raise where(path, f"tensor '{t.name}' of type {t.tensor_type.name} cannot be dequantized ({e})") from None
+        return _dequantized(path, t, _read(path, t), shape)
     return load
+
+
+def _row_reader(path: Path, t: Any, shape: tuple[int, ...]):
+    """Rows of a 2-D tensor, read and dequantized alone (each row is whole blocks of its type)."""
+    def rows(index: slice | torch.Tensor) -> torch.Tensor:
+        if len(shape) != 2:
+            return _loader(path, t, shape)()[index]
+        if isinstance(index, slice):
+            start, stop, _ = index.indices(shape[0])
+            data = _read(path, t, start, stop)
+            return _dequantized(path, t, data, (stop - start, shape[1]))
+        ids = index.tolist()
+        parts, runs = [], []
+        for i in ids:  # runs of consecutive rows, each read at once
+            if runs and runs[-1][1] == i:
+                runs[-1][1] = i + 1
+            else:
+                runs.append([i, i + 1])
+        for start, stop in runs:
+            parts.append(_dequantized(path, t, _read(path, t, start, stop), (stop - start, shape[1])))
+        return torch.cat(parts) if len(parts) != 1 else parts[0]
+    return rows
+
+
+def _read(path: Path, t: Any, start: int = 0, stop: int | None = None) -> np.ndarray:
+    """Rows ``start:stop`` of tensor ``t`` (all of it by default) as GGUFReader lays them out (its
+    dtype, its shape in bytes for a quantized type), read from the file with ``pread`` into memory of
+    their own: the reader's mapping of the file is never touched, so pages read for one tensor do not
+    stay counted in this process's memory after it (a pass over a file larger than memory stays within
+    memory)."""
+    rows = t.data.shape[0] if t.data.ndim > 1 else 1
+    row_bytes = int(t.n_bytes) // max(rows, 1)
+    stop = rows if stop is None else stop
+    n = (stop - start) * row_bytes
+    buffer = np.empty(n, dtype=np.uint8)
+    try:
+        with open(path, "rb", buffering=0) as f:
+            got = os.preadv(f.fileno(), [memoryview(buffer)], int(t.data_offset) + start * row_bytes)
+    except OSError as e:
+        raise where(path, f"tensor '{t.name}' cannot be read ({e.strerror or e})") from None
+    if got != n:
+        raise where(path, f"tensor '{t.name}' cannot be read (the file ended after {got:,} of {n:,} bytes)")
+    data = buffer.view(t.data.dtype)
+    return data.reshape((stop - start, *t.data.shape[1:])) if t.data.ndim > 1 else data.reshape(t.data.shape)
+
+
+def _dequantized(path: Path, t: Any, data: np.ndarray, shape: tuple[int, ...]) -> torch.Tensor:
+    try:
+        # numpy's floating-point warnings off: a corrupt block scale (Inf times a quant of 0) printed
+        # "RuntimeWarning: invalid value encountered in multiply" ahead of our output or our one error
+        # line. The NaN or Inf it makes is judged where the weights are used: export refuses them,
+        # verify reports them.
+        with np.errstate(all="ignore"):
+            if t.tensor_type == GGMLQuantizationType.F32:
+                array = data
+            elif t.tensor_type == GGMLQuantizationType.F16:
+                array = data.astype(np.float32)
+            else:
+                array = dequantize(data, t.tensor_type)
+            return torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32)).reshape(shape)
+    except (NotImplementedError, ValueError, TypeError) as e:
+        raise where(path, f"tensor '{t.name}' of type {t.tensor_type.name} cannot be dequantized ({e})") from None
