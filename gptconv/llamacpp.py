@@ -84,6 +84,9 @@ class LlamaCpp:
         self.path = Path(path)
         params = lib.llama_model_default_params()
         params.use_extra_bufts = False
+        # the file mapped, its pages the page cache's: llama.cpp's default (auto) reads a large file into memory
+        # of its own instead (a 32 GB F32 file: 24 GB of anonymous memory, then the OOM killer)
+        params.load_mode = lib.LLAMA_LOAD_MODE_MMAP
         params.vocab_only = vocab_only
         _listen()
         self.model = lib.llama_model_load_from_file(str(self.path).encode(), params)

@@ -29,6 +29,7 @@ def main(path: str, out: str, ftype: str, nthread: str) -> int:
     params.ftype = getattr(lib, f"LLAMA_FTYPE_{ftype}")
     params.allow_requantize = ftype == "ALL_F32"  # F32 from a quantized file: dequantizing
     params.nthread = int(nthread)
+    params.max_buf_size = 256 << 20  # what it writes held at most this long: its default, 8 GiB, held a 1.3 GB F32 file whole
     if lib.llama_model_quantize(path.encode(), out.encode(), ctypes.byref(params)) != 0:
         print(said.get(error) or said.get(warn) or "llama.cpp gave no reason", file=sys.stderr)
         return 1
