@@ -119,6 +119,23 @@ def test_a_plan_that_does_not_fit_is_refused_before_anything_loads(wide_vocab):
     assert "generate with" in r.stderr and "--dtype bf16" in r.stderr, r.stderr
 
 
+def test_an_export_that_does_not_fit_is_refused_before_anything_is_written(wide_vocab, tmp_path):
+    """export holds a tensor at a time: refused in one line where even its largest would not fit, and
+    its --check (the written model beside the source, whole) before anything is written."""
+    out = tmp_path / "out.gguf"
+    r = run_cli("export", wide_vocab["llama"], "--format", "gguf", "-o", out,
+                env={**os.environ, memory.ENV: "300MB"})  # its imports and a 131 MB table read, converted, written
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "export of" in r.stderr, r.stderr
+    text = tmp_path / "text.txt"
+    text.write_text("The quick brown fox jumps over the lazy dog. " * 40)
+    # the export fits (~0.4 GB and the imports), the check does not (two models of 0.27 GB in float32 and
+    # a 512-token window's logits in float64 from each, 1 GB)
+    r = run_cli("export", wide_vocab["llama"], "--format", "gguf", "-o", out, "--check", text,
+                env={**os.environ, memory.ENV: "1.2GB"})
+    assert r.returncode == 2 and "perplexity of" in r.stderr, r.stderr
+    assert not out.exists() and list(tmp_path.iterdir()) == [text]
+
+
 def test_verify_streams_by_itself_where_the_whole_models_would_not_fit(wide_vocab, monkeypatch):
     from gptconv.parity.run import verify_inputs, verify_need
     src = gptconv.open_source(wide_vocab["deep"])
@@ -159,3 +176,28 @@ def test_llama_cpp_runs_every_input_in_one_batch_where_its_file_does_not_fit(wid
     assert alone.passed and batched.passed, (alone.notes, batched.notes)
     print(f"\nmax|Δ| alone {alone.max_abs_diff:.3e}, batched {batched.max_abs_diff:.3e}")
     assert abs(batched.max_abs_diff - alone.max_abs_diff) <= 0.1 * alone.max_abs_diff + 1e-6
+
+
+@pytest.mark.parametrize("against", ["transformers", "llama.cpp", "recorded"])
+def test_every_streamed_run_holds_one_block_at_a_time(wide_vocab, tmp_path, monkeypatch, against):
+    """Whatever the reference, a streamed run of ours gives each block back before the next is read: a
+    run compared at the logits alone (llama.cpp's, a file recording only some steps) still stops at each
+    block, or its lanes would run to the logits holding every block they read (an 8B verify against
+    llama.cpp reached 22 GB that way)."""
+    from gptconv.streaming import Streamed
+    most, ensure = [0], Streamed.ensure
+
+    def counted(self, block):
+        ensure(self, block)
+        most[0] = max(most[0], len(self.filled))
+    monkeypatch.setattr(Streamed, "ensure", counted)
+    source = wide_vocab["gguf"] if against == "llama.cpp" else wide_vocab["llama"]
+    reference = None
+    if against == "recorded":
+        reference = tmp_path / "ref.safetensors"
+        gptconv.record_reference(str(source), reference, length=32)
+    most[0] = 0
+    report = gptconv.verify(str(source), length=32, blockwise=True, reference_file=reference,
+                            against="llama.cpp" if against == "llama.cpp" else "transformers")
+    assert report.passed, report.notes
+    assert most[0] == 1, f"{most[0]} blocks of one model in memory at once"

@@ -93,16 +93,20 @@ def reference_run(hf: nn.Module, role: str, src, taps: dict[str, str]) -> Run:
     return Run(role, lambda ids: hf(ids.to(device), use_cache=False).logits, getattr(hf, "streamed", None), blocks)
 
 
-def our_run(model: nn.Module, wanted: set[str]) -> Run:
+def our_run(model: nn.Module, wanted: set[str], role: str = OURS_RUN) -> Run:
     """Our model as a run of a verify: its tap stops at the ``wanted`` steps (not at the logits, which it
-    returns)."""
+    returns) and, where the model is streamed, at every block's output too, so that each block is given
+    back once every lane has passed it (without those stops a lane would run to the logits holding every
+    block it read)."""
     device = model_device(model)
+    streamed = getattr(model, "streamed", None)
+    blocks = {f"block.{i}": f"blocks.{i}" for i in range(model.config.n_layers)}
+    stops = (set(wanted) | (set(blocks) if streamed is not None else set())) - {"logits"}
 
     def tap(step: str, x: torch.Tensor) -> None:
-        if step in wanted and step != "logits":
+        if step in stops:
             stop_here(step, x)
-    blocks = {f"block.{i}": f"blocks.{i}" for i in range(model.config.n_layers)}
-    return Run(OURS_RUN, lambda ids: model(ids.to(device), tap=tap), getattr(model, "streamed", None), blocks)
+    return Run(role, lambda ids: model(ids.to(device), tap=tap), streamed, blocks)
 
 
 def kept(t: torch.Tensor) -> torch.Tensor:

@@ -59,7 +59,7 @@ def verify(source: str | Path, dtype: str = "float32", length: int | None = None
             length = min(window, input_length(src, None))  # llama.cpp attends past the window: compare within it
         inputs = verify_inputs(src, length, seed)
         stream = plan_stream(src, dt, device, blockwise, inputs, "llama.cpp")
-        report = verify_gguf(src, lambda: load_source(src, dt, device, blockwise=stream, solo=False), inputs)
+        report = verify_gguf(src, lambda dtype: load_source(src, dtype, device, blockwise=stream, solo=False), inputs)
         if window is not None and (asked is None or asked > window):
             report.notes.append(f"llama.cpp attends past this model's sliding window ({window}), transformers and "
                                 f"gptconv do not: " + ("compared within the window" if asked is None else
@@ -111,13 +111,16 @@ def _against_recorded(src: Source, source: str | Path, revision: str | None, pat
     seen: set[str] = set()
 
     def take(step: str, _run: Run, input_name: str, tensor: torch.Tensor) -> None:
+        if step not in recorded:  # a streamed block's stop (see ``our_run``), not in the file
+            return
         seen.add(step)
         for role, run in ((TRUTH_RUN, "float64"), (OWN_RUN, name)):
             if step not in runs[run][input_name]:
                 raise where(path, f"the {run} run of '{input_name}' records no step '{step}'")
             tally.add(step, role, input_name, runs[run][input_name][step])
         tally.add(step, OURS_RUN, input_name, kept(tensor))
-    seconds = lockstep([our_run(model, recorded)], inputs, take, _progress(len(recorded), on_input))
+    progress = _progress(len(recorded), on_input)
+    seconds = lockstep([our_run(model, recorded)], inputs, take, lambda step: step in recorded and progress(step))
     unknown = sorted(recorded - seen)
     if unknown:
         raise where(path, f"records a step '{unknown[0]}' this model does not have")
