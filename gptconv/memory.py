@@ -59,6 +59,17 @@ def peak() -> int:
     return _status("VmHWM:")
 
 
+def reset_peak() -> bool:
+    """Start this process's peak (``VmHWM``) anew from what it holds now (Linux's ``clear_refs``), so that
+    the peak of a phase can be read apart from the one before it; False where that cannot be done."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
 def _status(key: str) -> int:
     try:
         with open("/proc/self/status") as f:
@@ -125,10 +136,13 @@ def check(need: Need, alternatives: list[tuple[str, Callable[[], Need]]] = ()) -
     have = available()
     if need.peak <= have:
         return
-    fits = [f"{option} (about {gb(other.peak)})" for option, plan in alternatives if (other := plan()).peak <= have]
+    others = [(option, plan().peak) for option, plan in alternatives]
+    fits = [f"{option} (about {gb(peak)})" for option, peak in others if peak <= have]
     cap = limit()
     capped = f" (capped by {ENV})" if cap is not None and cap < machine() else ""
-    advice = f"; it would fit with {' or '.join(fits)}" if fits else "; nothing smaller of it fits here"
+    smallest = min(others, key=lambda o: o[1], default=None)
+    advice = (f"; it would fit with {' or '.join(fits)}" if fits else
+              f"; the smallest plan, {smallest[0]}, needs about {gb(smallest[1])}" if smallest else "")
     raise GptconvError(f"{need.what} needs about {gb(need.peak)} of memory ({need.describe()}), "
                        f"{gb(have)} are available{capped}{advice}")
 
@@ -196,7 +210,8 @@ def verify_need(name: str, s: Shape, lengths: list[int], dtype: torch.dtype, sto
     """verify: ours beside a reference on inputs of ``lengths``, the runs in lockstep (one step of one
     model at a time; ``gptconv.parity.lockstep``). ``reference``: "transformers" (its float64 truth and
     its run in our dtype live: transformers' import, their weights, the truth's logits held for the
-    others), "llama.cpp" (its float32 logits of every input held, ours alone), "recorded" (a file of
+    others), "llama.cpp" (its float32 logits of every input held, ours in float32 and in float64, whose
+    logits measure our own rounding), "recorded" (a file of
     ``held`` bytes read whole), or "record" (``gptconv reference``: transformers' runs in float64,
     float32 and ``dtype``, every step of every input kept). ``stored``: the bytes of a weight as the
     reference reads it (the file's dtype; a GGUF's dequantized float32); ``shared``: an fp32 folder
@@ -213,9 +228,11 @@ def verify_need(name: str, s: Shape, lengths: list[int], dtype: torch.dtype, sto
         steps = sum(total * (s.n_layers + 2) * s.d_model * size + total * s.vocab * size for size in sizes)
         held_steps, truth_logits = steps, 0
     else:
-        models = [(8, "float64 truth"), (b, "reference"), (b, "ours")] if live else [(b, "ours")]
+        models = [(8, "float64 truth"), (b, "reference"), (b, "ours")] if live else \
+            [(8, "our float64 run"), (b, "ours")] if reference == "llama.cpp" else [(b, "ours")]
         held_steps = total * s.d_model * 8  # the truth's step in hand, of every input
-        truth_logits = total * s.vocab * (8 if live else 4) + held  # the truth's (or llama.cpp's) logits, every input
+        # the truth's logits of every input (llama.cpp's in float32 and our float64 run's), or a file's
+        truth_logits = total * s.vocab * (8 if live else 12 if reference == "llama.cpp" else 4) + held
     # a run's logits, and their float32 copy where they are not float32 (the truth's are the ones held)
     one_logits = head_bytes(s, longest, 4) + (head_bytes(s, longest, b) if b != 4 else 0)
     kl = 2 * 8 * s.vocab * 8
@@ -223,13 +240,15 @@ def verify_need(name: str, s: Shape, lengths: list[int], dtype: torch.dtype, sto
         rest = sum(s.rest * size for size, _ in models)
         for size, who in models:
             need.phases[f"{who}'s block"] = {
-                "block": s.block * size, "block as read": s.block * stored if who != "ours" else s.largest * size,
+                "block": s.block * size, "block as read": s.largest * size if who.startswith("our") else s.block * stored,
                 "activations": forward_bytes(s, longest, size, eager=who != "ours"), "steps held": held_steps,
                 "rest": rest}
         need.phases["logits"] = {"logits held": truth_logits, "a run's logits": one_logits,
                                  "head slices": 2 * SLICE_BYTES, "KL": kl, "rest": rest}
         return need
     weights = {"ours": s.params * b} if reference != "record" else {}
+    if reference == "llama.cpp":
+        weights["our float64 run"] = s.params * 8
     if live:  # the reference's tables are read by rows even when it is whole
         for size, who in models:
             if who != "ours":

@@ -90,6 +90,13 @@ LLAMA_CPP["gemma2"] = LLAMA_CPP["gemma3"]  # the same GeGLU, the same table
 # with ggml's GELU emulated in ours 1.4e-2, 1.6e-3, 2.2e-3 (test_family_gemma4). Faults in the file stay far
 # above the bound: a window halved 11, RoPE over half the frequencies 9.5, the soft cap halved 0.42.
 LLAMA_CPP["gemma4"] = Tolerance(atol=1e-3, rtol=4e-2, min_top1=0.99)
+# Against llama.cpp, a bound also of ``ROUNDING_FACTOR`` × our own float32 rounding (``Fixed``): llama.cpp's
+# float32 logits are farther from exact than ours, by a ratio that grows with the model (its RoPE angles
+# and sums in float32). Measured, max|Δ| ours–llama.cpp / max|Δ| of our float32 from our float64 run, on
+# the 1,024-token random input and the prompts: 2 layers at width 1,024 0.9 (3.5e-6 / 4.0e-6), random
+# Llama-3.2-1B 15 (2.1e-4 / 1.45e-5), random Llama-3-8B 22 (1.49e-3 / 6.84e-5), where the fixed bound alone
+# (1.16e-3) failed the correct model. The faults of a file stay far above it (Gemma 4's, above: ≥ 0.42).
+ROUNDING_FACTOR = 32.0
 # Two float32 computations of the same function in different summation orders (two models' logits
 # compared directly in a test, without a float64 run): max|Δ| ≤ atol + rtol·max|ref|.
 FP32 = Tolerance(atol=1e-4, rtol=1e-5, min_top1=1.0)
@@ -141,6 +148,8 @@ class Report(Result):
     one_row_product: str = field(default_factory=one_row_product)  # our one-token linear (models/linear.py)
     # where the time went, in seconds: each run's computing (truth, own, ours), reading streamed weights, comparing
     seconds: dict[str, float] = field(default_factory=dict)
+    # peak resident memory of each phase where a verify runs in phases (llama.cpp's, then ours), in bytes
+    peaks: dict[str, int] = field(default_factory=dict)
 
 
 @torch.no_grad()
@@ -311,7 +320,15 @@ class Calibrated:
 
 class Fixed:
     """The fixed-tolerance comparison (a reference without a float64 run: llama.cpp), as running
-    results: per step the worst input (max|Δ| against its bound), at the logits top-1 and KL."""
+    results: per step the worst input (max|Δ| against its bound), at the logits top-1 and KL.
+
+    The bound is the family's fixed one (llama.cpp's approximations: ``LLAMA_CPP``) plus
+    ``ROUNDING_FACTOR`` times our own float32 rounding of that input (``rounding``: max|Δ| of our
+    float32 run from our float64 run), which grows with the width, the depth and the length as
+    llama.cpp's own does (at 8B llama.cpp's logits were 1.5e-3 from ours, past the fixed 1.2e-3, with
+    ours 6.8e-5 from their float64 values). A fault changes what is computed in both of our runs
+    alike, so it does not widen the bound.
+    """
 
     def __init__(self, source: str, reference_name: str, tolerance: Tolerance, inputs: dict[str, torch.Tensor]) -> None:
         self.tolerance = tolerance
@@ -321,11 +338,13 @@ class Fixed:
         self.order: list[str] = []
         self.agree = self.total = 0
         self.kls: list[torch.Tensor] = []
+        self.rounding = 0.0  # the largest of our own float32 rounding the bound was widened by
 
-    def add(self, step: str, ours: torch.Tensor, ref: torch.Tensor) -> None:
+    def add(self, step: str, ours: torch.Tensor, ref: torch.Tensor, rounding: float = 0.0) -> None:
         if step not in self.worst:
             self.order.append(step)
-        diff, allowed = max_abs_diff(ours, ref), self.tolerance.allowed(ref)
+        diff, allowed = max_abs_diff(ours, ref), self.tolerance.allowed(ref) + ROUNDING_FACTOR * rounding
+        self.rounding = max(self.rounding, rounding)
         passed = math.isfinite(diff) and diff <= allowed
         prev = self.worst.get(step)
         if prev is None or (prev.passed and not passed) or (
@@ -350,6 +369,9 @@ class Fixed:
         if not top1_ok:
             report.notes.append("top-1 agreement below the tolerance")
         report.passed = report.first_divergent_step is None and top1_ok
+        if self.rounding > 0:
+            report.notes.append(f"the bound includes {ROUNDING_FACTOR:g} × our own float32 rounding (max|Δ| of our "
+                                f"float32 logits from our float64 run, at most {self.rounding:.2e})")
         return report
 
 
@@ -371,23 +393,6 @@ def compare(model: nn.Module, inputs: dict[str, torch.Tensor], truth: Reference,
                 tally.add(step, OWN_RUN, name, own[step])
                 tally.add(step, OURS_RUN, name, ours[step])
         del ref, ours, own
-        on_input(n + 1, len(inputs))
-    return tally.verdict()
-
-
-def compare_fixed(model: nn.Module, inputs: dict[str, torch.Tensor], reference: Reference, source: str,
-                  reference_name: str, tolerance: Tolerance,
-                  on_input: Callable[[int, int], None] = lambda done, total: None) -> Report:
-    """Our float32 model against a reference that has no float64 run (llama.cpp), to a fixed
-    ``tolerance`` on max|Δ| per step and a minimum top-1 agreement."""
-    tally = Fixed(source, reference_name, tolerance, inputs)
-    for n, (name, ids) in enumerate(inputs.items()):
-        ref = reference(name, ids)
-        ours = _our_steps_for(model, ids, ref)
-        for step in ours:
-            if step in ref:
-                tally.add(step, ours[step], ref[step])
-        del ref, ours
         on_input(n + 1, len(inputs))
     return tally.verdict()
 

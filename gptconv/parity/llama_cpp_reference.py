@@ -17,19 +17,20 @@ import torch.nn as nn
 from .. import memory
 from ..errors import GptconvError, where
 from ..llamacpp import LlamaCpp, dequantize_file, library, version
-from .compare import LLAMA_CPP, PROMPTS, Fixed, Report, kl_per_position
+from .compare import LLAMA_CPP, PROMPTS, Fixed, Report, kl_per_position, max_abs_diff
 from .lockstep import Run, lockstep, our_run
 
 
-def verify_gguf(src: Any, make_model: Callable[[], nn.Module], inputs: dict[str, torch.Tensor]) -> Report:
+def verify_gguf(src: Any, make_model: Callable[[torch.dtype], nn.Module], inputs: dict[str, torch.Tensor]) -> Report:
     """Our model against llama.cpp on the same ids: logits, top-1 and KL, and the tokenizer.
 
     A file whose weights are not all F32 is first rewritten in F32 by llama.cpp's own quantizer, so
     that both sides compute on the same weights (each dequantized by its own code); llama.cpp's
     quantized kernels also round the activations (to 8 bits for Q4/Q8 weights, to F16 for F16), and
-    the file as stored is reported beside, not judged. llama.cpp runs first, every input in one batch
-    (its weights read once), and is closed before ``make_model()`` makes ours, which then runs beside
-    llama.cpp's logits alone (streamed where it is).
+    the file as stored is reported beside, not judged. llama.cpp runs first (see ``_logits``) and is
+    closed before ``make_model(dtype)`` makes ours, in float32 and in float64 (the float64 run measures
+    our own float32 rounding, which widens the bound: ``compare.Fixed``); the two then run in lockstep
+    beside llama.cpp's logits alone (streamed where they are).
     """
     library()
     if src.format != "gguf":
@@ -53,24 +54,32 @@ def verify_gguf(src: Any, make_model: Callable[[], nn.Module], inputs: dict[str,
         theirs = _logits(path, sequences, names)
     stored = None if stored_f32 else _logits(src.path, sequences, names)
     llama_seconds = time.perf_counter() - start
-    model = make_model()
-    if next(p for p in model.parameters()).dtype != torch.float32:
-        raise ValueError("llama.cpp's reference is float32: compare a float32 model")
+    peaks = {"llama.cpp": memory.peak()}  # its model's pages mapped, its buffers, the logits of every input
+    apart = memory.reset_peak()
+    exact, model = make_model(torch.float64), make_model(torch.float32)
     tally = Fixed(str(src.name), f"llama.cpp (llama-cpp-python {version()}, {weights}, F32 KV cache)",
                   LLAMA_CPP[src.arch], inputs)
     as_stored = {"agree": 0, "total": 0, "kls": []}
 
-    def take(step: str, _run: Run, name: str, ours: torch.Tensor) -> None:
+    ours64: dict[str, torch.Tensor] = {}
+
+    def take(step: str, run: Run, name: str, ours: torch.Tensor) -> None:
+        if step != "logits":  # a streamed block's stop (see ``our_run``): nothing of llama.cpp's to compare
+            return
+        if run.role == EXACT_RUN:  # runs first: our float64 logits, held until our float32 run's
+            ours64[name] = ours.detach().cpu()
+            return
         ours = ours.detach().float().cpu()
-        tally.add("logits", ours, theirs.pop(name))
+        tally.add("logits", ours, theirs.pop(name), max_abs_diff(ours, ours64.pop(name)))
         if stored is not None:
             other = stored.pop(name)
             as_stored["agree"] += int((other.argmax(-1) == ours.argmax(-1)).sum())
             as_stored["total"] += ours.shape[1]
             as_stored["kls"].append(kl_per_position(ours, other))
-    seconds = lockstep([our_run(model, set())], inputs, take)
+    seconds = lockstep([our_run(exact, set(), EXACT_RUN), our_run(model, set())], inputs, take)
     report = tally.verdict()
     report.seconds = {"llama.cpp": llama_seconds, **seconds}
+    report.peaks = peaks | ({"ours": memory.peak()} if apart else {})
     _check_tokenizer(src, report)
     if stored is not None:
         kl = torch.cat(as_stored["kls"])
@@ -79,6 +88,9 @@ def verify_gguf(src: Any, make_model: Callable[[], nn.Module], inputs: dict[str,
             f"top-1 agreement {as_stored['agree'] / as_stored['total']:.2%}, KL mean {kl.mean().item():.3e}, "
             f"max {kl.max().item():.3e}")
     return report
+
+
+EXACT_RUN = "ours in float64"  # the run that measures our own float32 rounding
 
 
 def _logits(path: Path, sequences: list[list[int]], names: list[str]) -> dict[str, torch.Tensor]:
