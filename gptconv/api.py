@@ -276,6 +276,9 @@ def export(source: str | Path, out: str | Path, format: str = "safetensors", dty
         check_ctx = check_ctx or min(512, limit - limit % 2)
         check_windows(load_tokenizer(src).encode_long(read_text(Path(check), JSON_LIMIT)), check_ctx, limit, check,
                       "--check-ctx")
+        if check_in == "gptconv":  # the written model beside the source in float32, checked before writing
+            memory.check(memory.perplexity_need(src.name, memory.Shape.of(src.config),
+                                                torch.float32, check_ctx, True))
     summary = write(source, out, format, dtype, max_shard_bytes, force, clamp, revision, on_tensor)
     if check is not None:
         summary.check = perplexity(summary.out, check, check_ctx, source, revision=revision, on_window=on_window,

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from .. import memory
 from ..errors import GptconvError, NoTokenizer, where
 from ..loader import open_source
 from ..output import atomic_output, check_output
@@ -51,6 +52,7 @@ def export(source: str | Path, out: str | Path, format: str = "safetensors", dty
     writes = written_by_export if kind == "folder" else None  # the writer knows its own file names
     check_output(out, force, kind, writes=writes)  # before loading anything
     src = open_source(source, revision, backend="per-tensor")  # each tensor mapped on its own, unmapped when freed
+    _check_memory(src, dtype)
     weights = Weights.of(src)
     weights.on_tensor = on_tensor
     tokenizer = None
@@ -76,6 +78,14 @@ def export(source: str | Path, out: str | Path, format: str = "safetensors", dty
         return ExportSummary(str(source), out, format, dtype, files)
     choices = [TensorChoice(*c) for c in type_choices(types, dtype)]
     return ExportSummary(str(source), out, format, dtype, files, dict(Counter(c.type for c in choices)), choices)
+
+
+def _check_memory(src, dtype: str) -> None:
+    """Refuse in one line an export whose largest tensor, read, converted and written behind, would not fit."""
+    stored = 4 if src.format == "gguf" else max((t.dtype.itemsize for t in src.tensors.values()
+                                                 if t.dtype.is_floating_point), default=4)
+    out = {"f32": 4, "f16": 2, "bf16": 2, "q8_0": 1}.get(dtype, 4)  # a llama.cpp quant: from an f32 / 16-bit file
+    memory.check(memory.export_need(src.name, memory.Shape.of(src.config), stored, out))
 
 
 def _quantized(weights: Weights, src, tokenizer, tmp: Path, dtype: str, narrow: Narrowing, name: str) -> ExportedFile:
