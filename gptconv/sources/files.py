@@ -1,7 +1,10 @@
 """The files a checkpoint brings are read only if they are regular files of a size their kind can have.
 
 A config.json linked to /dev/zero would be read until memory runs out, a FIFO would block the read
-for ever: both are refused before the file is opened, naming the file and the reason.
+for ever: both are refused before the file is opened, naming the file and the reason. A side file
+(config, tokenizer, chat template: ``SIDE_FILES``) that is a link must resolve inside the folder that
+holds it (in the Hub cache: inside that repository's folder, whose blobs its snapshots link to): an
+export copies and embeds side files, and a link to a user's secrets would be published with it.
 """
 
 from __future__ import annotations
@@ -24,6 +27,10 @@ LIMITS = {
 }
 JSON_LIMIT = 64 * MiB  # config.json, tokenizer_config.json, an index, …
 UNLIMITED = None  # weights (safetensors, GGUF, .bin): mapped, never read whole
+SIDE_FILES = frozenset({"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                        "special_tokens_map.json", "added_tokens.json", "vocab.json", "merges.txt", "tokenizer.model",
+                        "chat_template.jinja", "chat_template.json", "preprocessor_config.json",
+                        "processor_config.json", "model.safetensors.index.json"})
 
 
 def regular_file(path: Path, limit: int | None | str = "by name") -> Path:
@@ -38,11 +45,25 @@ def regular_file(path: Path, limit: int | None | str = "by name") -> Path:
         raise where(path, e.strerror or str(e)) from None
     if not stat.S_ISREG(st.st_mode):
         raise where(path, f"is {_kind(st.st_mode)}, not a regular file; refusing to read it")
+    if path.name in SIDE_FILES and os.path.islink(path):
+        _contained(path)
     if limit == "by name":
         limit = LIMITS.get(path.name, JSON_LIMIT)
     if limit is not None and st.st_size > limit:
         raise where(path, f"is {st.st_size:,} bytes, more than a {path.name} can be ({limit:,}); refusing to read it")
     return path
+
+
+def _contained(path: Path) -> None:
+    """A linked side file's target must lie inside the folder that holds the link, or, in the Hub cache
+    (``models--ORG--NAME/snapshots/REV/FILE``), inside that repository's folder."""
+    folder = path.parent.resolve()
+    root = folder.parent.parent if folder.parent.name == "snapshots" and \
+        folder.parent.parent.name.startswith(("models--", "datasets--")) else folder
+    target = path.resolve()
+    if not target.is_relative_to(root):
+        raise where(path, f"links to {target}, outside {root}; a side file must be inside its checkpoint's folder "
+                          "(copy it in if it is meant to be there)")
 
 
 def read_text(path: Path, limit: int | None | str = "by name") -> str:

@@ -18,6 +18,7 @@ from ..errors import where
 from ..families import family_of
 from ..output import WriteBehind, sha256_file
 from ..sources.files import regular_file
+from ..sources.hf_folder import read_json
 from .safetensors_file import SafetensorsWriter
 from .tensors import ExportedFile, Narrowing, Stored, Weights
 
@@ -84,7 +85,9 @@ def _write_tokenizer(src, tokenizer, folder: Path) -> list[ExportedFile]:
     if src.format == "hf":  # the checkpoint's own files, byte for byte
         names = [n for n in TOKENIZER_FILES if os.path.lexists(src.path / n)]
         for n in names:
-            regular_file(src.path / n)  # a FIFO or a device is refused, not skipped
+            regular_file(src.path / n)  # a FIFO, a device or a link out of the folder is refused, not skipped
+            if n.endswith(".json"):
+                read_json(src.path / n)  # copied only if it is JSON
         for n in names:
             shutil.copyfile(src.path / n, folder / n)
         return [_describe(folder / n) for n in names]
