@@ -7,6 +7,7 @@ never held twice.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,8 +24,8 @@ from .sources.gguf_file import GGUFFile, open_gguf
 from .sources.hub import fetch, repo_id_for
 from .devices import parse_device
 from .layers.mtp import HELD
-from .errors import GptconvError
-from .sources.files import UNLIMITED, regular_file
+from .errors import GptconvError, where
+from .sources.files import SIDE_FILES, UNLIMITED, regular_file
 from .models import build_empty
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "f32": torch.float32,
@@ -67,6 +68,12 @@ class Source:
     def arch(self) -> str:
         return self.config.arch
 
+    def read_from(self) -> tuple[Path, ...]:
+        """Its folder (or file) and every file it is read from, its weights and its side files: what an
+        output's ``--force`` never replaces nor holds (``output.check_output``'s ``keep``)."""
+        sides = [self.path / n for n in SIDE_FILES if os.path.lexists(self.path / n)] if self.path.is_dir() else []
+        return (self.path, *map(Path, self.files), *sides)
+
     def plan(self, shapes: dict[str, tuple[int, ...]]) -> Plan:
         """The checked mapping of this checkpoint onto a model with these parameter shapes."""
         return self.keymap.plan(self.tensors, shapes, self.config, origin=self.path)
@@ -95,7 +102,10 @@ def open_source(source: str | Path, revision: str | None = None, prefer_cache: b
                                "with config.json")
         g = open_gguf(path)
         family = for_gguf(g.fields)
-        config = family.config_from_gguf(g.fields, g.tensors)
+        try:
+            config = family.config_from_gguf(g.fields, g.tensors)
+        except ValueError as e:  # a part's shape or the config refusing what the file says (the HF path's checks)
+            raise where(path, str(e)) from None
         return Source(str(source), path, repo_id, "gguf", config, family.gguf_keymap(config), g.tensors, [path],
                       g.stored_types, gguf=g)
     ckpt = open_hf_folder(path, backend)

@@ -28,6 +28,24 @@ class Terminated(BaseException):
     """SIGTERM while an output was being written (raised in the main thread, so its cleanup runs)."""
 
 
+_signalled: list[int | None] = [None]  # the signal (SIGINT, SIGTERM) that stopped this process, once one did
+
+
+def signalled() -> int | None:
+    """The signal received, if one was: an interrupted read may surface as another exception (safetensors
+    turns the KeyboardInterrupt raised inside its read into a ValueError), which is still the signal."""
+    return _signalled[0]
+
+
+def note_interrupts() -> None:
+    """SIGINT raises KeyboardInterrupt, as by default, and is remembered (``signalled``)."""
+    def handler(signum, frame):
+        _signalled[0] = signum
+        signal.default_int_handler(signum, frame)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, handler)
+
+
 def check_output(out: Path, force: bool, kind: str = "file", keep: tuple[Path, ...] = (),
                  writes: Callable[[str], bool] | None = None) -> Path:
     """``out`` as an absolute path if an output of ``kind`` ("file" or "folder") may be written there:
@@ -42,6 +60,7 @@ def check_output(out: Path, force: bool, kind: str = "file", keep: tuple[Path, .
     out = Path(os.path.abspath(out))
     if not out.parent.is_dir():
         raise where(out.parent, "no such folder")
+    _check_name_length(out)
     if _identity(out) is None:
         return out
     if not force:
@@ -50,7 +69,7 @@ def check_output(out: Path, force: bool, kind: str = "file", keep: tuple[Path, .
     if there not in REPLACEABLE[kind]:
         raise where(out, f"is {there}; --force replaces only {REPLACES[kind]}, so it is left as it is")
     real = out.resolve()
-    for what, inside in (("the working folder", Path.cwd()), *(("the source", k) for k in keep)):
+    for what, inside in (("the working folder", Path.cwd()), *(("a file of the source", k) for k in keep)):
         inside = Path(os.path.abspath(inside)).resolve()
         if inside == real or real in inside.parents:
             raise where(out, f"{'is' if inside == real else 'holds'} {what} ({inside}); --force will not replace it")
@@ -59,6 +78,22 @@ def check_output(out: Path, force: bool, kind: str = "file", keep: tuple[Path, .
             raise TypeError("check_output: a folder output needs writes, the names its writer puts there")
         _check_export_folder(out, writes)
     return out
+
+
+# the longest name a temporary beside the output takes: "." + NAME + ".partial-" + a pid + ".bf16"
+TEMPORARY_EXTRA = len(".") + len(".partial-") + 7 + len(".bf16")
+
+
+def _check_name_length(out: Path) -> None:
+    """An output name whose temporary the file system could not hold is refused before any work."""
+    try:
+        limit = os.pathconf(out.parent, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = 255
+    size = len(os.fsencode(out.name))
+    if size + TEMPORARY_EXTRA > limit:
+        raise where(out, f"its name is {size} bytes: with its temporary's {TEMPORARY_EXTRA} more it passes this file "
+                         f"system's {limit}; choose a name of at most {limit - TEMPORARY_EXTRA} bytes")
 
 
 REPLACEABLE = {"file": ("a file", "a symbolic link to a file", "a symbolic link to nothing"), "folder": ("a folder",)}
@@ -115,16 +150,20 @@ def _check_export_folder(folder: Path, written_by_export: Callable[[str], bool])
 
 @contextlib.contextmanager
 def atomic_output(out: Path, force: bool, kind: str = "file", keep: tuple[Path, ...] = (),
-                  writes: Callable[[str], bool] | None = None) -> Iterator[Path]:
+                  writes: Callable[[str], bool] | None = None, seen: Seen = "now") -> Iterator[Path]:
     """Yield a hidden temporary path beside ``out`` to write the output into (see check_output).
 
     On success it takes ``out``'s place in one rename that refuses to replace anything it did not
     expect: an output that appeared at ``out`` meanwhile (another export) is left as it is, and with
-    ``force`` only what was there at the start is replaced. On failure, SIGINT or SIGTERM the
-    temporary output is removed.
+    ``force`` only what was there at the start is replaced. ``seen``: what was at ``out`` when the
+    command began (``identity``, taken at its first check; "now" for this call), so that an output
+    written meanwhile by another command is never what ``--force`` replaces. On failure, SIGINT or
+    SIGTERM the temporary output is removed.
     """
     out = check_output(out, force, kind, keep, writes)
     was = _identity(out)
+    if seen != "now" and was != seen:
+        raise where(out, "changed since this command began (another export?); left as it is")
     _remove_stale_partials(out)
     tmp = out.with_name(f".{out.name}.partial-{os.getpid()}")
     _remove(tmp)
@@ -138,6 +177,14 @@ def atomic_output(out: Path, force: bool, kind: str = "file", keep: tuple[Path, 
             raise
         finally:
             _remove(tmp)  # ours after a failure; after a swap, what was at out before
+
+
+Seen = tuple[int, int, int, bool] | None | str  # an identity, or "now"
+
+
+def identity(path: Path) -> tuple[int, int, int, bool] | None:
+    """What is at ``path`` now, to be given to ``atomic_output`` as what the command saw first."""
+    return _identity(Path(os.path.abspath(path)))
 
 
 def _identity(path: Path) -> tuple[int, int, int, bool] | None:
@@ -226,6 +273,7 @@ def _terminate_cleanly() -> Iterator[None]:
         return
 
     def handler(signum, frame):
+        _signalled[0] = signum
         raise Terminated()
 
     previous = signal.signal(signal.SIGTERM, handler)

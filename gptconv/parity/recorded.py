@@ -11,7 +11,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from ..errors import where
-from ..output import atomic_output
+from ..output import Seen, atomic_output, sha256_file
 from ..sources.files import UNLIMITED, regular_file
 
 FORMAT = "2"  # 2: with the float64 run every verdict is calibrated by; 1 had none
@@ -19,7 +19,7 @@ Runs = dict[str, dict[str, dict[str, torch.Tensor]]]  # dtype name → input nam
 
 
 def save_reference(path: Path, runs: Runs, inputs: dict[str, torch.Tensor], meta: dict[str, str],
-                   force: bool = False) -> None:
+                   force: bool = False, keep: tuple[Path, ...] = (), seen: Seen = "now") -> None:
     """Keys: ``input/ids``, ``input/step`` (the float32 run) and ``input/dtype/step`` (another run:
     float64, the truth, and float16 / bfloat16)."""
     tensors = {f"{name}/ids": ids.contiguous() for name, ids in inputs.items()}
@@ -28,7 +28,7 @@ def save_reference(path: Path, runs: Runs, inputs: dict[str, torch.Tensor], meta
         for name, steps in records.items():
             tensors.update({f"{name}/{prefix}{step}": t.contiguous() for step, t in steps.items()})
     meta = {**meta, "gptconv_reference": FORMAT, "inputs": json.dumps(list(inputs))}
-    with atomic_output(path, force) as tmp:
+    with atomic_output(path, force, keep=keep, seen=seen) as tmp:
         save_file(tensors, str(tmp), metadata=meta)
 
 
@@ -89,3 +89,80 @@ def check_against(path: Path, inputs: dict[str, torch.Tensor], runs: Runs, confi
                     raise where(path, f"the {run} run of '{name}': step '{step}' is {list(t.shape)}, this model "
                                       f"gives {[batch, length, width]}")
 
+
+
+# A recorded run in a lower precision is a rounding of the recorded float64 run, or the file is not a
+# reference: at every step its RMS distance from the truth, relative to the truth's RMS, stays within
+# ROUNDING (float32 runs: ~1e-7 … 1e-5 measured; bfloat16 / float16: ~1e-3 … 0.1), and at the logits its
+# top-1 agrees with the truth's at TOP1 of the positions. A file outside them (a run of noise, which would
+# widen every tolerance it calibrates) is refused in one line.
+ROUNDING = {"float32": 1e-3, "bfloat16": 0.5, "float16": 0.5}
+TOP1 = {"float32": 0.99, "bfloat16": 0.5, "float16": 0.5}
+
+
+def check_recorded(path: Path, runs: Runs) -> None:
+    """Each run stored as gptconv writes it (the truth in float64, the others in float32, every step
+    floating point), and each lower-precision run a plausible rounding of the truth."""
+    for run, records in runs.items():
+        want = torch.float64 if run == "float64" else torch.float32
+        if run != "float64" and run not in ROUNDING:
+            raise where(path, f"records a run '{run}', which is no dtype verify compares")
+        for name, steps in records.items():
+            for step, t in steps.items():
+                if t.dtype != want:
+                    raise where(path, f"the {run} run of '{name}': step '{step}' is stored as "
+                                      f"{str(t.dtype).removeprefix('torch.')}, not {str(want).removeprefix('torch.')}")
+    truth = runs["float64"]
+    for run, records in runs.items():
+        if run == "float64":
+            continue
+        agree = total = 0
+        for name, steps in records.items():
+            for step, t in steps.items():
+                exact = truth.get(name, {}).get(step)
+                if exact is None or not (torch.isfinite(t).all() and torch.isfinite(exact).all()):
+                    continue  # a step the truth lacks is refused by the comparison; overflow is judged there
+                scale = exact.pow(2).mean().sqrt().item()
+                off = (t.double() - exact).pow(2).mean().sqrt().item()
+                if off > ROUNDING[run] * scale + 1e-30:
+                    raise where(path, f"the {run} run of '{name}' is no rounding of the float64 run at '{step}' "
+                                      f"(RMS apart {off:.3g}, {off / scale if scale else float('inf'):.3g} of the "
+                                      f"step's own): not a reference to calibrate by; record it again")
+                if step == "logits":
+                    agree += int((t.argmax(-1) == exact.argmax(-1)).sum())
+                    total += t.shape[:-1].numel()
+        if total and agree / total < TOP1[run]:
+            raise where(path, f"the {run} run's top-1 agrees with the float64 run's at {agree / total:.2%} of the "
+                              f"positions: no rounding of it, not a reference to calibrate by; record it again")
+
+
+def weight_hashes(files: list[Path]) -> dict[str, str]:
+    """The sha256 of each weight file, by name: what a recorded reference was recorded from."""
+    return {Path(f).name: sha256_file(Path(f)) for f in files}
+
+
+def coverage_notes(path: Path, inputs: dict[str, torch.Tensor], runs: Runs, meta: dict[str, str],
+                   expected_inputs: dict[str, int], expected_steps: set[str], files: list[Path]) -> list[str]:
+    """What the verdict must say about the file: weights other than the source's, fewer inputs, positions or
+    steps than verify compares by default."""
+    notes = []
+    recorded = json.loads(meta.get("weights", "null") or "null")
+    if not isinstance(recorded, dict):
+        notes.append(f"{path.name} does not say which weights it was recorded from: nothing ties it to this source")
+    elif recorded != (ours := weight_hashes(files)):
+        first = next((n for n in sorted(set(recorded) | set(ours)) if recorded.get(n) != ours.get(n)), "?")
+        notes.append(f"{path.name} was recorded from other weights than this source's ({first}: sha256 "
+                     f"{str(recorded.get(first, 'absent'))[:12]} recorded, {str(ours.get(first, 'absent'))[:12]} here): "
+                     "the verdict compares this model with that one")
+    missing = [n for n in expected_inputs if n not in inputs]
+    short = [n for n, length in expected_inputs.items() if n in inputs and inputs[n].shape[1] < length]
+    if missing:
+        notes.append(f"covers {len(expected_inputs) - len(missing)} of verify's {len(expected_inputs)} inputs "
+                     f"(no {', '.join(missing)})")
+    for n in short:
+        notes.append(f"its input '{n}' has {inputs[n].shape[1]:,} of the {expected_inputs[n]:,} positions verify compares")
+    steps = set().union(*(s.keys() for s in runs["float64"].values()))
+    if expected_steps - steps:
+        notes.append(f"covers {len(expected_steps & steps)} of the {len(expected_steps)} steps verify compares "
+                     f"(the first missing: {sorted(expected_steps - steps)[0]})")
+    return notes

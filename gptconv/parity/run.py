@@ -3,6 +3,8 @@ the reference at our dtype), a recorded file, or llama.cpp — and the inputs bo
 
 from __future__ import annotations
 
+import json
+
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,12 +15,12 @@ from ..devices import parse_device
 from ..errors import GptconvError, where
 from ..layers.kv_cache import cache_window
 from ..loader import Source, load_source, open_source, parse_dtype
-from ..output import check_output
+from ..output import check_output, identity
 from ..tokenizer import tokenizer_or_none
 from .compare import OURS_RUN, OWN_RUN, TRUTH, TRUTH_RUN, Calibrated, Report, parity_inputs
 from .hf_reference import gguf_config_disagreements, reference_steps, reference_taps, transformers_model  # noqa: F401
 from .lockstep import Run, expand, kept, lockstep, our_run, reference_run
-from .recorded import check_against, read_reference, save_reference
+from .recorded import check_against, check_recorded, coverage_notes, read_reference, save_reference, weight_hashes
 
 
 REFERENCES = ("transformers", "llama.cpp")
@@ -104,6 +106,10 @@ def _against_recorded(src: Source, source: str | Path, revision: str | None, pat
     if name not in runs:
         raise where(path, f"records no {name} run of the reference; record one with `gptconv reference --dtype {name}`")
     check_against(path, inputs, runs, src.config, None)
+    check_recorded(path, runs)
+    expected = {n: ids.shape[1] for n, ids in verify_inputs(src, None, 0).items()}
+    notes = coverage_notes(path, inputs, runs, meta, expected, set(expand(reference_taps(src), src.config.n_layers)),
+                           src.files)
     stream = plan_stream(src, dt, device, blockwise, inputs, "recorded", held=path.stat().st_size)
     model = load_source(_opened(src, source, revision, stream), dt, device, blockwise=stream, solo=False)
     tally = Calibrated(dt, str(source), f"recorded: {path} (fp64 and {name})", inputs)
@@ -126,6 +132,7 @@ def _against_recorded(src: Source, source: str | Path, revision: str | None, pat
         raise where(path, f"records a step '{unknown[0]}' this model does not have")
     report = tally.verdict()
     report.seconds = seconds
+    report.notes += notes
     return report
 
 
@@ -195,6 +202,7 @@ def record_reference(source: str, out: Path, length: int | None = None, seed: in
     or bfloat16 (the reference's own error at each). An existing ``out`` is replaced only with ``force``."""
     import transformers
     check_output(out, force)  # before the runs
+    seen = identity(out)  # what --force may replace: what is there now, not what appears meanwhile
     src = open_source(source, revision)
     inputs = verify_inputs(src, length, seed)
     stream = plan_stream(src, parse_dtype(dtype), torch.device("cpu"), None, inputs, "record")
@@ -211,7 +219,9 @@ def record_reference(source: str, out: Path, length: int | None = None, seed: in
     lockstep(models, inputs, take)
     del models
     save_reference(Path(out), runs, inputs, {"arch": src.arch, "source": str(source),
-                                             "transformers": transformers.__version__}, force)
+                                             "transformers": transformers.__version__,
+                                             "weights": json.dumps(weight_hashes(src.files))}, force,
+                   keep=src.read_from(), seen=seen)
     return Path(out)
 
 

@@ -10,6 +10,7 @@ unless ``force``.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,8 +20,9 @@ import torch
 from .. import memory
 from ..errors import GptconvError, NoTokenizer, where
 from ..loader import open_source
-from ..output import atomic_output, check_output
-from ..tokenizer import load_tokenizer
+from ..output import atomic_output, check_output, identity
+from ..sources.hf_folder import read_json_object
+from ..tokenizer import config_chat_template, load_tokenizer
 from .gguf_file import tensor_types, type_choices, write_gguf
 from .hf_folder import write_hf_folder, written_by_export
 from .tensors import (DTYPE_SYNONYMS, EXPORT_DTYPES, LLAMA_QUANTS, ExportedFile, ExportSummary, Narrowing,
@@ -51,6 +53,7 @@ def export(source: str | Path, out: str | Path, format: str = "safetensors", dty
     kind = "folder" if format == "safetensors" else "file"
     writes = written_by_export if kind == "folder" else None  # the writer knows its own file names
     check_output(out, force, kind, writes=writes)  # before loading anything
+    seen = identity(out)  # what --force may replace: what is there now, not what appears meanwhile
     src = open_source(source, revision, backend="per-tensor")  # each tensor mapped on its own, unmapped when freed
     _check_memory(src, dtype)
     weights = Weights.of(src)
@@ -62,7 +65,7 @@ def export(source: str | Path, out: str | Path, format: str = "safetensors", dty
         except NoTokenizer:  # none at all: an HF folder goes without; a GGUF file cannot (below)
             pass
     narrow = Narrowing(src.path, clamp)
-    with atomic_output(out, force, kind, keep=(src.path,), writes=writes) as tmp, _threads_but_one():
+    with atomic_output(out, force, kind, keep=src.read_from(), writes=writes, seen=seen) as tmp, _threads_but_one():
         if format == "safetensors":
             files = write_hf_folder(weights, src, tokenizer, tmp, EXPORT_DTYPES[dtype], max_shard_bytes, narrow)
         else:
@@ -77,7 +80,20 @@ def export(source: str | Path, out: str | Path, format: str = "safetensors", dty
     if format == "safetensors":
         return ExportSummary(str(source), out, format, dtype, files)
     choices = [TensorChoice(*c) for c in type_choices(types, dtype)]
-    return ExportSummary(str(source), out, format, dtype, files, dict(Counter(c.type for c in choices)), choices)
+    return ExportSummary(str(source), out, format, dtype, files, dict(Counter(c.type for c in choices)), choices,
+                         notes=_template_notes(src, tokenizer))
+
+
+def _template_notes(src, tokenizer) -> list[str]:
+    """Which chat template a GGUF got where the folder holds two: transformers renders chat_template.jinja's,
+    llama.cpp's converter writes tokenizer_config.json's."""
+    if src.format != "hf" or not os.path.lexists(src.path / "chat_template.jinja"):
+        return []
+    other = config_chat_template(read_json_object(src.path / "tokenizer_config.json"))
+    if other is None or other == tokenizer.chat_template:
+        return []
+    return ["tokenizer.chat_template is chat_template.jinja's, the one transformers renders; tokenizer_config.json "
+            "holds another, which llama.cpp's converter would write"]
 
 
 def _check_memory(src, dtype: str) -> None:
