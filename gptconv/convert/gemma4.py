@@ -292,6 +292,8 @@ def gemma4_config_from_gguf(f: Any, tensors: dict[str, TensorInfo]) -> Gemma4Con
     sliding = f.get(Keys.Attention.SLIDING_WINDOW_PATTERN, list, None)
     if not isinstance(sliding, list) or len(sliding) != n or not all(isinstance(s, bool) for s in sliding):
         raise where(f.path, f"attention.sliding_window_pattern must say for each of the {n} layers whether it slides")
+    if sliding[-1]:  # what transformers makes of a config that says otherwise; llama.cpp runs the file as it says
+        raise where(f.path, "attention.sliding_window_pattern: the last layer slides; Gemma 4's last layer is global")
     per_layer_kv, per_layer_ff = _per_layer(f, Keys.Attention.HEAD_COUNT_KV, n), _per_layer(f, Keys.LLM.FEED_FORWARD_LENGTH, n)
     local_kv = {k for k, s in zip(per_layer_kv, sliding) if s} or {per_layer_kv[0]}
     global_kv = {k for k, s in zip(per_layer_kv, sliding) if not s} or local_kv

@@ -139,6 +139,8 @@ def hybrid_config_from_gguf(f: Any, tensors: dict, family: str, **specific: Any)
     recurrent = f.get("{arch}.attention.recurrent_layers", list, None)
     if recurrent is None:
         interval = f.get(Keys.LLM.FULL_ATTENTION_INTERVAL, int, 4)
+        if interval <= 0:
+            raise where(f.path, f"full_attention_interval {interval}: it must be at least 1")
         recurrent = [(i + 1) % interval != 0 for i in range(n)]
     recurrent, mtp = recurrent[:n], recurrent[n:]
     if len(recurrent) != n or any(mtp) or not all(isinstance(r, bool) for r in recurrent + mtp):

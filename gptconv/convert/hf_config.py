@@ -44,6 +44,16 @@ class ConfigFields:
             raise self.error(f"field '{name}' is {value}; it must be at least 1 (or absent)")
         return value
 
+    def positive_float(self, name: str, default: Any) -> float:
+        """An optional positive number: ``default`` when absent or null; 0 or less is an error (never
+        replaced by the default because it is falsy)."""
+        value = self.float(name, None)
+        if value is None:
+            return default
+        if not value > 0:
+            raise self.error(f"field '{name}' is {value:g}; it must be positive (or absent)")
+        return value
+
     def float(self, name: str, default: Any = _REQUIRED) -> float:
         value = self._get(name, (int, float), default)
         return float(value) if value is not None else None

@@ -33,6 +33,7 @@ def rope_from_hf(f: ConfigFields, default_theta: float = 10000.0,
     kind = p.str("rope_type", None) or p.str("type", None) or "default"
     if p.float("partial_rotary_factor", 1.0) != 1.0 and not partial:
         raise p.error("partial_rotary_factor != 1 (RoPE on part of each head) is not supported")
+    _check_mrope_section(f, p)
     try:
         if kind == "default":
             return theta, None
@@ -51,26 +52,52 @@ def rope_from_hf(f: ConfigFields, default_theta: float = 10000.0,
     raise p.error(f"rope_type '{kind}' is not supported (default, linear, llama3, longrope, yarn)")
 
 
+def _check_mrope_section(f: ConfigFields, p: ConfigFields) -> None:
+    """M-RoPE's sections (the vision-language models' ``mrope_section``): on text they are plain RoPE, so we
+    do not read them, but transformers' reference does: non-negative integers that share the rotated half
+    of each head (head_dim × partial_rotary_factor / 2), or its model fails inside."""
+    sections = p.data.get("mrope_section")
+    if sections is None:
+        return
+    heads = f.int("num_attention_heads", None)
+    head_dim = f.int("head_dim", None) or (f.int("hidden_size") // heads if heads else None)
+    if not (isinstance(sections, list) and sections
+            and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in sections)):
+        raise p.error(f"field 'mrope_section' {sections!r} is not a list of non-negative integers")
+    half = int(head_dim * p.float("partial_rotary_factor", 1.0)) // 2 if head_dim else None
+    if half is not None and sum(sections) != half:
+        raise p.error(f"field 'mrope_section' {sections} adds up to {sum(sections)}, not to the {half} rotated "
+                      "frequencies of a head")
+
+
 def _yarn(f: ConfigFields, p: ConfigFields) -> RopeScaling:
     """YaRN as transformers reads it: factor (absent: the context over the original one); attention factor
     given, or 0.1·ln(factor) + 1 (DeepSeek's mscale / mscale_all_dim ratio where both are given)."""
-    original = p.int("original_max_position_embeddings", None) or f.int("original_max_position_embeddings")
-    factor = p.float("factor", None) or f.int("max_position_embeddings") / original
+    original = _original_context(f, p)
+    factor = p.positive_float("factor", None) or f.int("max_position_embeddings") / original
     mscale = lambda scale, m=1.0: 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0  # noqa: E731
     attention = p.float("attention_factor", None)
     if attention is None:
         m, m_all = p.float("mscale", None), p.float("mscale_all_dim", None)
         attention = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
     return RopeScaling("yarn", factor=factor, original_context_length=original, attention_factor=attention,
-                       beta_fast=p.float("beta_fast", None) or 32.0, beta_slow=p.float("beta_slow", None) or 1.0,
+                       beta_fast=p.positive_float("beta_fast", 32.0), beta_slow=p.positive_float("beta_slow", 1.0),
                        truncate=p.bool("truncate", True))
+
+
+def _original_context(f: ConfigFields, p: ConfigFields) -> int:
+    """original_max_position_embeddings: the scaling's own, else the config's; at least 1 where given."""
+    original = p.positive("original_max_position_embeddings", None)
+    if original is None:
+        original = f.positive("original_max_position_embeddings", None)
+    return original if original is not None else f.int("original_max_position_embeddings")  # absent: its error
 
 
 def _longrope(f: ConfigFields, p: ConfigFields) -> RopeScaling:
     """LongRoPE as transformers computes it: factor (absent: the context over the original one) sets the
     attention factor √(1 + ln factor / ln original) where none is given."""
-    original = p.int("original_max_position_embeddings", None) or f.int("original_max_position_embeddings")
-    factor = p.float("factor", None) or f.int("max_position_embeddings") / original
+    original = _original_context(f, p)
+    factor = p.positive_float("factor", None) or f.int("max_position_embeddings") / original
     attention = p.float("attention_factor", None)
     if attention is None:
         attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))

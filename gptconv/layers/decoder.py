@@ -153,9 +153,11 @@ class LlamaConfig:
         if self.router_scoring not in ("softmax", "sigmoid"):
             raise ValueError(f"router_scoring '{self.router_scoring}': softmax or sigmoid")
         groups, kept = self.expert_groups
-        if (groups, kept) != (1, 1) and not (self.n_experts and self.n_experts % groups == 0 and 0 < kept <= groups):
-            raise ValueError(f"expert_groups {self.expert_groups}: {self.n_experts} experts in that many groups, "
-                             "fewer kept, is not possible")
+        # a group is scored by its best two experts (DeepSeek's and GLM's routing): two at least in each
+        if (groups, kept) != (1, 1) and not (self.n_experts and groups > 0 and self.n_experts % groups == 0
+                                             and self.n_experts // groups >= 2 and 0 < kept <= groups):
+            raise ValueError(f"expert_groups {self.expert_groups}: {self.n_experts} experts in {groups} groups of two "
+                             f"or more, {kept} of them kept, is not possible")
         if self.mla is not None and (self.head_dim != self.mla.qk_head_dim
                                      or (self.rope_dim or self.head_dim) != self.mla.qk_rope_dim):
             raise ValueError(f"multi-head latent attention: head_dim {self.head_dim} and rope_dim {self.rope_dim} "

@@ -120,7 +120,8 @@ def fp8_tensor(name: str, weight: TensorInfo, scale: TensorInfo, block: list[int
 def dequantize_fp8(weight: torch.Tensor, scale: torch.Tensor, block: list[int] | None) -> torch.Tensor:
     """float32(w) × its block's scale, in float32: (…, R, C) with scales (…, ⌈R/b₀⌉, ⌈C/b₁⌉), or one scale."""
     s = scale.float()
-    if block is not None:
+    if block is not None:  # a block past its dimension is one block of it: expanded by no more than the weight
         rows, cols = weight.shape[-2:]
-        s = s.repeat_interleave(block[0], -2)[..., :rows, :].repeat_interleave(block[1], -1)[..., :cols]
+        s = s.repeat_interleave(min(block[0], rows), -2)[..., :rows, :].repeat_interleave(min(block[1], cols), -1)
+        s = s[..., :cols]
     return weight.float() * s
