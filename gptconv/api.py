@@ -245,10 +245,19 @@ def encode_prompt(src: Source, text: str | None, ids: str | list[int] | None,
         out = (tokenizer or load_tokenizer(src)).encode(text, add_special_tokens=add_special_tokens)
         if not out:
             raise GptconvError("the text gives no tokens")
+        in_vocabulary(src, out)
     if len(out) > src.config.context_length:
         raise GptconvError(f"the prompt is {len(out):,} tokens; this model's context holds "
                            f"{src.config.context_length:,}")
     return out
+
+
+def in_vocabulary(src: Source, ids: list[int] | torch.Tensor) -> None:
+    """Refuse in one line the ids of a tokenizer that gives tokens the model has no row for."""
+    top = int(max(ids)) if len(ids) else -1
+    if top >= src.config.vocab_size:
+        raise where(src.path, f"its tokenizer gives token id {top:,}, past the model's vocabulary of "
+                              f"{src.config.vocab_size:,} (ids 0 … {src.config.vocab_size - 1:,})")
 
 
 ENGINES = ("gptconv", "llama.cpp")
@@ -305,6 +314,7 @@ def perplexity(source: str | Path, text_file: str | Path, ctx: int = 512, agains
     if engine == "gptconv":
         tok = load_tokenizer(src)
         ids = tok.encode_long(text)  # (N,): in pieces, memory a small multiple of the text
+        in_vocabulary(src, ids)
         adds_bos = tok.bos_id is not None and ids[:1].tolist() == [tok.bos_id] and \
             tok.encode(text[:PROBE], False)[:1] != [tok.bos_id]
         check_windows(ids, ctx, src.config.context_length, text_file)

@@ -174,15 +174,22 @@ def _as_transformers_llama(tk: HFTokenizer, config: dict) -> None:
 
 
 def chat_template(folder: Path, config: dict) -> str | None:
-    """The folder's chat template: tokenizer_config.json's, else chat_template.jinja / .json (transformers 5)."""
+    """The folder's chat template as transformers takes it: chat_template.jinja (its own file takes
+    priority), else tokenizer_config.json's, else chat_template.json's."""
+    if os.path.lexists(folder / "chat_template.jinja"):
+        return read_text(folder / "chat_template.jinja")
+    template = config_chat_template(config)
+    if template is not None:
+        return template
+    template = read_json_object(folder / "chat_template.json").get("chat_template")
+    return template if isinstance(template, str) else None
+
+
+def config_chat_template(config: dict) -> str | None:
+    """tokenizer_config.json's chat template (of several named ones, the default), if it has one."""
     template = config.get("chat_template")
     if isinstance(template, list):  # several named templates: the default one
         template = next((t.get("template") for t in template if isinstance(t, dict) and t.get("name") == "default"), None)
-    if isinstance(template, str):
-        return template
-    if (folder / "chat_template.jinja").exists():
-        return read_text(folder / "chat_template.jinja")
-    template = read_json_object(folder / "chat_template.json").get("chat_template")
     return template if isinstance(template, str) else None
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import signal
 import os
 import sys
 import time
@@ -20,7 +21,7 @@ from pathlib import Path
 import click
 
 from ..errors import GptconvError, first_line
-from ..output import Terminated
+from ..output import Terminated, note_interrupts, signalled
 from ..writers.tensors import DTYPE_SYNONYMS, EXPORT_DTYPES, LLAMA_QUANTS
 from . import render
 from .envelope import envelope
@@ -29,10 +30,25 @@ from .envelope import envelope
 BUG = 3  # exit status of an exception we did not expect: 2 means bad input, and this is not known to be
 
 
+class Signalled(BaseException):
+    """A command stopped by a signal, whatever exception the interrupted code raised for it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
 class Group(click.Group):
     def invoke(self, ctx: click.Context):
         try:
-            return super().invoke(ctx)
+            try:
+                return super().invoke(ctx)
+            except Exception as e:  # an interrupted read may surface as any error: it is still the signal
+                if signalled() is not None and not isinstance(e, (click.exceptions.Exit, click.ClickException)):
+                    raise Signalled(signalled()) from e
+                raise
+        except Signalled as e:
+            fail(ctx, "interrupted", code=130) if e.signum == signal.SIGINT else fail(ctx, "terminated", code=143)
         except GptconvError as e:
             fail(ctx, str(e))
         except (click.exceptions.Exit, click.ClickException, click.Abort):
@@ -417,6 +433,7 @@ def inspect(path: Path, as_json: bool) -> None:
 
 def main() -> None:
     """The command line; a usage error (a bad flag, a missing argument) is one line too, exit 2."""
+    note_interrupts()
     try:
         code = cli.main(prog_name="gptconv", standalone_mode=False)
     except click.exceptions.UsageError as e:

@@ -113,6 +113,8 @@ def export_summary(s) -> None:
     for f in s.files:
         click.echo(f"  {f.name:<40} {f.bytes:>14,} bytes  sha256 {f.sha256}")
     click.echo(f"  total {sum(f.bytes for f in s.files):,} bytes")
+    for note in s.notes:
+        click.echo(f"  note: {note}")
     if s.tensor_choices:
         click.echo("  tensor types, and why:")
         groups: dict[tuple[str, str], list[str]] = {}

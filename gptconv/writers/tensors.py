@@ -5,7 +5,7 @@ format (the key table read backwards, ``Weights``), converted and checked on its
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -49,6 +49,7 @@ class ExportSummary(Result):
     tensor_types: dict[str, int] | None = None  # GGUF: tensor type → how many tensors have it
     tensor_choices: list[TensorChoice] | None = None  # GGUF: each tensor's type and why
     check: Any = None  # export --check: a perplexity.Perplexity of the written model against the source
+    notes: list[str] = field(default_factory=list)  # what the export chose where the peers differ
 
 
 class Narrowing:
