@@ -1,0 +1,386 @@
+"""Issue 38's findings on the newer surfaces (side files, --force, file-driven sizes, recorded references,
+the GGUF path's checks): each a test that failed before its fix."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+import gptconv
+from gptconv.errors import GptconvError
+from test_untrusted_input import promise
+from untrusted_files import bounded_cli
+
+SECRET = "user's secret: hunter2\n"
+
+
+@pytest.fixture
+def folder(ckpts, tmp_path) -> Path:
+    """A fresh copy of the tiny GPT-2 folder with the side files a Hub folder has, and a secret outside it."""
+    d = tmp_path / "tiny"
+    shutil.copytree(ckpts["tiny"], d)
+    (d / "special_tokens_map.json").write_text('{"eos_token": "<|endoftext|>"}')
+    (d / "added_tokens.json").write_text("{}")
+    (d / "chat_template.jinja").write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    (tmp_path / "secret.txt").write_text(SECRET)
+    return d
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+# --- 1. Side files are read, never copied blind: a link must stay inside the checkpoint's folder.
+
+@pytest.mark.parametrize("name,fmt", [("special_tokens_map.json", "safetensors"), ("added_tokens.json", "safetensors"),
+                                      ("chat_template.jinja", "safetensors"), ("chat_template.jinja", "gguf")])
+def test_a_side_file_linked_out_of_its_folder_is_refused(folder, tmp_path, name, fmt):
+    (folder / name).unlink()
+    (folder / name).symlink_to(tmp_path / "secret.txt")
+    out = tmp_path / ("out.gguf" if fmt == "gguf" else "out")
+    promise(bounded_cli("export", folder, "--format", fmt, "-o", out), f"{folder / name}:", "outside")
+    assert not out.exists() and not [p for p in tmp_path.iterdir() if ".partial" in p.name]
+
+
+def test_a_side_file_linked_inside_its_folder_or_its_hub_cache_repo_is_read(folder, tmp_path):
+    (folder / "templates").mkdir()
+    (folder / "chat_template.jinja").rename(folder / "templates" / "chat.jinja")
+    (folder / "chat_template.jinja").symlink_to("templates/chat.jinja")
+    out = gptconv.export(str(folder), tmp_path / "out", "safetensors").out
+    assert (out / "chat_template.jinja").read_text() == (folder / "templates" / "chat.jinja").read_text()
+    # the Hub cache: models--ORG--NAME/snapshots/REV/FILE links to ../../blobs/HASH
+    repo = tmp_path / "hub" / "models--org--tiny"
+    snapshot, blobs = repo / "snapshots" / "0123abc", repo / "blobs"
+    snapshot.mkdir(parents=True)
+    blobs.mkdir()
+    for f in folder.iterdir():
+        if f.is_file() and not f.is_symlink():
+            shutil.copyfile(f, blobs / _sha(f))
+            (snapshot / f.name).symlink_to(Path("../../blobs") / _sha(f))
+    shutil.copyfile(folder / "templates" / "chat.jinja", blobs / "t")
+    (snapshot / "chat_template.jinja").symlink_to("../../blobs/t")
+    assert gptconv.export(str(snapshot), tmp_path / "out2", "gguf").out.exists()
+
+
+def test_a_json_side_file_that_is_not_json_is_not_copied(folder, tmp_path):
+    (folder / "added_tokens.json").write_text("ssh-rsa AAAA… not json")
+    promise(bounded_cli("export", folder, "--format", "safetensors", "-o", tmp_path / "out"),
+            "added_tokens.json", "not valid JSON")
+    assert not (tmp_path / "out").exists()
+
+
+# --- 3. --force replaces only the output it saw when the export began, never a file of the source.
+
+@pytest.mark.parametrize("name", ["model.safetensors", "config.json", "vocab.json"])
+def test_force_never_replaces_a_file_of_the_source(folder, name):
+    before = _sha(folder / name)
+    promise(bounded_cli("export", folder, "--format", "gguf", "-o", folder / name, "--force"),
+            "a file of the source", "--force will not replace it")
+    assert _sha(folder / name) == before
+
+
+def test_force_may_still_replace_an_earlier_export_inside_the_source_folder(folder):
+    old = gptconv.export(str(folder), folder / "model.gguf", "gguf").out
+    assert gptconv.export(str(folder), old, "gguf", "f16", force=True).out == old
+
+
+def test_force_replaces_only_what_it_saw_first(tmp_path):
+    from gptconv.output import atomic_output, identity
+    out = tmp_path / "model.gguf"
+    out.write_bytes(b"what was there when the export began")
+    seen = identity(out)
+    (tmp_path / "other").write_bytes(b"another export, finished meanwhile")
+    os.replace(tmp_path / "other", out)
+    with pytest.raises(GptconvError, match="changed since this command began"):
+        with atomic_output(out, force=True, seen=seen) as tmp:
+            tmp.write_bytes(b"ours")
+    assert out.read_bytes() == b"another export, finished meanwhile"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.gguf"]
+
+
+# --- 4. Every expansion a file drives is bounded by the tensor it applies to.
+
+def test_an_fp8_block_larger_than_its_weight_allocates_no_more_than_the_weight():
+    import torch
+    from gptconv import memory
+    from gptconv.sources.quantized import dequantize_fp8
+    weight = torch.randn(4, 6).to(torch.float8_e4m3fn)
+    scale = torch.tensor([[0.5]])
+    memory.reset_peak()
+    before = memory.resident()
+    got = dequantize_fp8(weight, scale, [2**26, 2**26])  # one block; expanded as given: 1.3 GB
+    assert memory.peak() - before < 100e6
+    assert torch.equal(got, weight.float() * 0.5)
+    assert torch.equal(dequantize_fp8(weight, torch.tensor([[1.0, 2.0]]), [4, 5]),
+                       weight.float() * torch.tensor([1.0] * 5 + [2.0]))  # a last block cut short
+
+
+# --- Tokenizer ids past the model's vocabulary: one line, not an IndexError.
+
+@pytest.mark.parametrize("command", ["trace", "generate", "perplexity"])
+def test_a_token_id_past_the_vocabulary_is_one_line(folder, tmp_path, command):
+    import json
+
+    from tokenizers import ByteLevelBPETokenizer
+    vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
+    tk = ByteLevelBPETokenizer(str(folder / "vocab.json"), str(folder / "merges.txt"))
+    extra = [f"<x{i}>" for i in range(vocab - tk.get_vocab_size() + 1)]
+    tk.add_special_tokens(extra)
+    assert tk.token_to_id(extra[-1]) == vocab
+    tk.save(str(folder / "tokenizer.json"))
+    text = tmp_path / "t.txt"
+    text.write_text(f"Hello {extra[-1]} world. " * 30)
+    args = {"trace": ("trace", folder, f"Hi {extra[-1]}"), "generate": ("generate", folder, f"Hi {extra[-1]}", "-n", "1"),
+            "perplexity": ("perplexity", folder, text, "--ctx", "16")}[command]
+    promise(bounded_cli(*args), f"token id {vocab:,}", "past the model's vocabulary")
+
+
+# --- 5. A field is absent or valid, never replaced because it is falsy.
+
+@pytest.mark.parametrize("kind,field,value", [
+    ("yarn", "factor", 0), ("yarn", "beta_fast", 0), ("yarn", "original_max_position_embeddings", 0),
+    ("longrope", "factor", 0), ("longrope", "original_max_position_embeddings", 0)])
+def test_a_rope_field_given_as_zero_is_refused_not_replaced(llamas, tmp_path, kind, field, value):
+    import json
+    d = tmp_path / "llama"
+    shutil.copytree(llamas["llama2-mha"], d)
+    config = json.loads((d / "config.json").read_text())
+    head = config["hidden_size"] // config["num_attention_heads"]
+    scaling = {"rope_type": kind, "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 16}
+    if kind == "longrope":
+        scaling |= {"short_factor": [1.0] * (head // 2), "long_factor": [2.0] * (head // 2)}
+    scaling[field] = value
+    config.pop("rope_scaling", None)
+    config["rope_parameters"] = scaling
+    (d / "config.json").write_text(json.dumps(config))
+    promise(bounded_cli("trace", d, "--ids", "1,2"), f"'{field}' is 0", "(or absent)")
+
+
+# --- 7. An HF folder renders the chat template transformers renders; export says where llama.cpp's differs.
+
+def test_chat_template_jinja_takes_priority_as_in_transformers(folder, tmp_path):
+    import json
+
+    from transformers import AutoTokenizer
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["chat_template"] = "CONFIG'S {% for m in messages %}{{ m['content'] }}{% endfor %}"
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    (folder / "chat_template.jinja").write_text("JINJA'S {% for m in messages %}{{ m['content'] }}{% endfor %}")
+    messages = [{"role": "user", "content": "hi"}]
+    theirs = AutoTokenizer.from_pretrained(folder).apply_chat_template(messages, tokenize=False)
+    ours = gptconv.load_tokenizer(str(folder)).apply_chat_template(messages, add_generation_prompt=False)
+    assert ours == theirs == "JINJA'S hi"
+    summary = gptconv.export(str(folder), tmp_path / "out.gguf", "gguf")
+    assert any("chat_template.jinja's" in n and "llama.cpp's converter" in n for n in summary.notes)
+    from gptconv.sources.gguf_file import open_gguf
+    assert open_gguf(summary.out).fields.get("tokenizer.chat_template", str).startswith("JINJA'S")
+
+
+# --- 5. The GGUF path enforces what the HF path does: a config a file gives is refused in one line.
+
+GGUF_SHAPES = {
+    "qwen3_5_text": ("gpt-2", dict(vocab_size=50257, max_position_embeddings=64, hidden_size=64, num_hidden_layers=4,
+                                   num_attention_heads=4, num_key_value_heads=2, head_dim=32, intermediate_size=96,
+                                   linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                                   linear_value_head_dim=16, linear_conv_kernel_dim=4, tie_word_embeddings=True,
+                                   bos_token_id=50256, eos_token_id=50256)),
+    "lfm2": ("gpt-2", dict(vocab_size=50257, max_position_embeddings=64, hidden_size=64, num_hidden_layers=3,
+                           num_attention_heads=4, num_key_value_heads=2, intermediate_size=192, block_multiple_of=32,
+                           conv_L_cache=3, layer_types=["conv", "full_attention", "conv"], bos_token_id=50256,
+                           eos_token_id=50256, pad_token_id=50256)),
+    "deepseek_v3": ("gpt-2", dict(vocab_size=50257, max_position_embeddings=64, hidden_size=64, intermediate_size=96,
+                                  moe_intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                  num_key_value_heads=4, n_shared_experts=1, n_routed_experts=8, n_group=4,
+                                  topk_group=2, num_experts_per_tok=2, first_k_dense_replace=1, kv_lora_rank=32,
+                                  q_lora_rank=48, qk_rope_head_dim=16, qk_nope_head_dim=24, v_head_dim=20,
+                                  bos_token_id=50256, eos_token_id=50256)),
+    "gemma4_text": ("llama-spm-bpe", dict(vocab_size=32000, max_position_embeddings=64, hidden_size=64,
+                                          intermediate_size=96, num_hidden_layers=3,
+                                          layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+                                          num_attention_heads=4, num_key_value_heads=2, head_dim=16, global_head_dim=32,
+                                          sliding_window=16, hidden_size_per_layer_input=8,
+                                          vocab_size_per_layer_input=32000, bos_token_id=1, eos_token_id=2,
+                                          pad_token_id=0)),
+}
+
+
+@pytest.fixture(scope="module")
+def family_ggufs(tmp_path_factory) -> dict[str, Path]:
+    from fixtures import make_checkpoint
+    root = tmp_path_factory.mktemp("ggufs")
+    out = {}
+    for arch, (vocab, shape) in GGUF_SHAPES.items():
+        folder = make_checkpoint(root / arch, arch, vocab, shape)
+        out[arch] = gptconv.export(str(folder), root / f"{arch}.gguf", "gguf").out
+        out[arch + "/hf"] = folder
+    return out
+
+
+def patched(gguf: Path, dst: Path, changes: dict[str, object], hide: tuple[str, ...] = ()) -> Path:
+    """A copy of ``gguf`` with metadata values changed in place (scalars, or every item of an array) and the
+    keys of ``hide`` renamed out of sight (their last letter changed)."""
+    from gguf import GGUFReader
+    shutil.copyfile(gguf, dst)
+    reader = GGUFReader(dst, "r+")
+    arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
+    for key, value in changes.items():
+        field = reader.fields[key.format(arch=arch)]
+        for i in field.data:
+            field.parts[i][...] = value
+    for key in hide:
+        name = reader.fields[key.format(arch=arch)].parts[1]
+        name[-1] = ord("Z")
+    reader.data.flush()
+    del reader
+    return dst
+
+
+@pytest.mark.parametrize("arch,changes,hide,needle", [
+    ("qwen3_5_text", {"{arch}.full_attention_interval": 0}, ("{arch}.attention.recurrent_layers",),
+     "full_attention_interval 0"),
+    ("lfm2", {"{arch}.shortconv.l_cache": 0}, (), "kernel"),
+    ("deepseek_v3", {"{arch}.expert_group_count": 0}, (), "expert_groups"),
+    ("deepseek_v3", {"{arch}.expert_group_count": 8}, (), "groups of two or more"),
+    ("deepseek_v3", {"{arch}.attention.kv_lora_rank": 0}, (), "kv_lora_rank"),
+    ("gemma4_text", {"{arch}.attention.sliding_window_pattern": True}, (), "last layer slides"),
+], ids=["interval-0", "l_cache-0", "groups-0", "one-expert-a-group", "kv_lora_rank-0", "all-sliding"])
+def test_a_gguf_config_the_hf_path_refuses_is_refused_in_one_line(family_ggufs, tmp_path, arch, changes, hide,
+                                                                    needle):
+    bad = patched(family_ggufs[arch], tmp_path / "bad.gguf", changes, hide)
+    promise(bounded_cli("trace", bad, "--ids", "1,2"), str(bad), needle)
+
+
+def test_deepseek_with_one_expert_a_group_is_refused_from_its_config(family_ggufs, tmp_path):
+    import json
+    d = tmp_path / "ds"
+    shutil.copytree(family_ggufs["deepseek_v3/hf"], d)
+    config = json.loads((d / "config.json").read_text())
+    config["n_group"] = config["n_routed_experts"]
+    (d / "config.json").write_text(json.dumps(config))
+    promise(bounded_cli("trace", d, "--ids", "1,2"), "config.json", "groups of two or more")
+
+
+# --- 2. A recorded reference is checked: bound to its weights, its calibration plausible, its coverage said.
+
+@pytest.fixture(scope="module")
+def recorded(ckpts, tmp_path_factory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("recorded")
+    folder = root / "tiny"
+    shutil.copytree(ckpts["tiny"], folder)
+    return folder, gptconv.record_reference(str(folder), root / "ref.safetensors")
+
+
+def rewritten(ref: Path, dst: Path, edit) -> Path:
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+    with safe_open(str(ref), framework="pt") as f:
+        meta = f.metadata()
+    tensors = load_file(str(ref))
+    edit(tensors, meta)
+    save_file(tensors, str(dst), metadata=meta)
+    return dst
+
+
+def test_a_reference_whose_own_run_is_noise_is_refused(recorded, tmp_path):
+    import torch
+    folder, ref = recorded
+    g = torch.Generator().manual_seed(0)
+
+    def noise(t, _meta):
+        for k in [k for k in t if not k.endswith("/ids") and k.count("/") == 1]:  # the float32 run
+            t[k] = torch.randn(t[k].shape, generator=g) * 50
+    bad = rewritten(ref, tmp_path / "noise.safetensors", noise)
+    promise(bounded_cli("verify", folder, "--reference", bad), str(bad), "no rounding of the float64 run")
+
+
+@pytest.mark.parametrize("edit,needle", [
+    (lambda t, m: t.update({"random/logits": t["random/logits"].to(torch_int32())}), "stored as int32"),
+    (lambda t, m: t.update({"random/float64/logits": t["random/float64/logits"].half()}), "stored as float16"),
+    (lambda t, m: t.update({"random/block.0": t["random/block.0"] > 0}), "stored as bool"),
+], ids=["int32-logits", "float16-truth", "bool-step"])
+def test_a_reference_stored_in_other_dtypes_is_refused(recorded, tmp_path, edit, needle):
+    folder, ref = recorded
+    bad = rewritten(ref, tmp_path / "bad.safetensors", edit)
+    promise(bounded_cli("verify", folder, "--reference", bad), str(bad), needle)
+
+
+def torch_int32():
+    import torch
+    return torch.int32
+
+
+def test_a_reference_says_what_it_covers_and_what_it_was_recorded_from(recorded, tmp_path):
+    folder, ref = recorded
+    full = gptconv.verify(str(folder), reference_file=ref)
+    assert full.passed and not [n for n in full.notes if "covers" in n or "weights" in n], full.notes
+
+    def cut(t, meta):
+        for k in [k for k in t if not k.startswith("random/") or not k.endswith(("/ids", "logits"))]:
+            del t[k]
+        meta["inputs"] = '["random"]'
+        meta.pop("weights")
+    partial = gptconv.verify(str(folder), reference_file=rewritten(ref, tmp_path / "cut.safetensors", cut))
+    said = " | ".join(partial.notes)
+    assert "covers 1 of verify's 4 inputs" in said and "steps verify compares" in said, said
+    assert "does not say which weights" in said, said
+    from helpers import edited_copy
+    edited_copy(folder, tmp_path / "other2", lambda s: s["transformer.h.0.mlp.c_fc.bias"].add_(1e-3))
+    moved = gptconv.verify(str(tmp_path / "other2"), reference_file=ref)
+    assert any("recorded from other weights" in n for n in moved.notes), moved.notes
+
+
+# --- 8. An interrupt is exit 130 wherever it lands, reads included.
+
+def test_an_interrupt_that_a_read_turns_into_another_error_is_still_exit_130(ckpts, monkeypatch, capsys):
+    import signal
+    import sys
+
+    import gptconv.api
+    from gptconv import output
+    import importlib
+    cli = importlib.import_module("gptconv.cli.main")
+
+    def read_interrupted(path):  # what safetensors does: the KeyboardInterrupt raised in its read → ValueError
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(10**7):
+                pass
+        except KeyboardInterrupt:
+            raise ValueError("Error while deserializing header: interrupted") from None
+    monkeypatch.setattr(gptconv.api, "inspect", read_interrupted)
+    monkeypatch.setattr(sys, "argv", ["gptconv", "inspect", str(ckpts["tiny"])])
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        with pytest.raises(SystemExit) as e:
+            cli.main()
+    finally:
+        signal.signal(signal.SIGINT, before)
+        output._signalled[0] = None
+    assert e.value.code == 130
+    assert capsys.readouterr().err.strip() == "gptconv: error: interrupted"
+
+
+@pytest.mark.parametrize("sections,needle", [([100, 100, 100], "adds up to 300"), (["a", 1], "not a list"),
+                                              ([-2, 5, 5], "not a list")])
+def test_a_field_only_the_reference_reads_is_still_checked(llamas, tmp_path, sections, needle):
+    """M-RoPE's sections: plain RoPE on text, unread by us, read by transformers (whose model failed inside)."""
+    import json
+    d = tmp_path / "llama"
+    shutil.copytree(llamas["llama2-mha"], d)
+    config = json.loads((d / "config.json").read_text())
+    config.pop("rope_scaling", None)
+    config["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": sections}
+    (d / "config.json").write_text(json.dumps(config))
+    promise(bounded_cli("trace", d, "--ids", "1,2"), "mrope_section", needle)
+
+
+@pytest.mark.parametrize("fmt", ["gguf", "safetensors"])
+def test_an_output_name_its_temporary_cannot_take_is_refused_before_any_work(ckpts, tmp_path, fmt):
+    out = tmp_path / ("n" * 245)
+    promise(bounded_cli("export", ckpts["tiny"], "--format", fmt, "-o", out), "its name is 245 bytes")
+    assert list(tmp_path.iterdir()) == []
+    assert gptconv.export(str(ckpts["tiny"]), tmp_path / ("n" * 230), fmt).out.exists()  # what fits still works
