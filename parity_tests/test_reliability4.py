@@ -384,3 +384,59 @@ def test_an_output_name_its_temporary_cannot_take_is_refused_before_any_work(ckp
     promise(bounded_cli("export", ckpts["tiny"], "--format", fmt, "-o", out), "its name is 245 bytes")
     assert list(tmp_path.iterdir()) == []
     assert gptconv.export(str(ckpts["tiny"]), tmp_path / ("n" * 230), fmt).out.exists()  # what fits still works
+
+
+# --- 4b. A GGUF vocabulary is read in bulk: RAM a small multiple of its bytes, the values gguf's reader gives.
+
+def _vocab_file(path: Path, n: int, tokens=None) -> Path:
+    import gguf
+    import numpy as np
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens or [f"t{i}" for i in range(n)])
+    w.add_token_scores([float(-i) for i in range(n)])
+    w.add_token_types([1 + i % 6 for i in range(n)])
+    w.add_array("test.flags", [bool(i % 2) for i in range(5)])
+    w.add_tensor("x", np.zeros((4, 4), np.float32))
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+    return path
+
+
+def test_a_gguf_vocabulary_costs_ram_of_its_size_in_the_file(tmp_path):
+    import tracemalloc
+    from gptconv.sources.gguf_file import read_fields
+    path = _vocab_file(tmp_path / "v.gguf", 200_000)
+    tracemalloc.start()
+    try:
+        read_fields(path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    # the reader made two numpy views an item: ~1.5 KB a token, 300 MB here, for a 4.6 MB file
+    assert peak <= 2 * path.stat().st_size, f"{peak:,} bytes to read a {path.stat().st_size:,}-byte file's metadata"
+
+
+def test_a_gguf_array_read_in_bulk_gives_what_ggufs_reader_gives(tmp_path):
+    from gguf import GGUFReader
+    from gptconv.sources.gguf_file import read_fields
+    tokens = ["<unk>", "é", "日本", "", " a", "\u2581b"]
+    path = _vocab_file(tmp_path / "v.gguf", len(tokens), tokens)
+    ours, theirs = read_fields(path).reader.fields, GGUFReader(path).fields
+    assert ours.keys() == theirs.keys()
+    for key in theirs:
+        assert ours[key].contents() == theirs[key].contents(), key
+        assert ours[key].types == theirs[key].types, key
+    for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.scores", "test.flags"):
+        assert [ours[key].contents(i) for i in range(3)] == [theirs[key].contents(i) for i in range(3)]
+
+
+def test_a_string_array_past_the_end_of_the_file_is_one_line(tmp_path):
+    import struct
+    from gptconv.sources.gguf_file import read_fields
+    path = _vocab_file(tmp_path / "v.gguf", 50)
+    data = bytearray(path.read_bytes())
+    at = data.index(b"t49") - 8  # the last token's 8-byte length
+    data[at:at + 8] = struct.pack("<Q", 10**12)
+    path.write_bytes(data)
+    with pytest.raises(GptconvError, match=r"v\.gguf.*string 49 of the array .* past the end of the file"):
+        read_fields(path)
