@@ -20,7 +20,7 @@ from gguf import Keys, RopeScalingType
 from ..errors import GptconvError, where
 from ..layers.gemma import FULL, SLIDING, GemmaConfig, default_layer_types
 from ..layers.rope import RopeScaling
-from .gguf_meta import T, gguf_config, gguf_name
+from .gguf_meta import T, block_count, gguf_config, gguf_name
 from .hf_config import ConfigFields, build_config
 from .hf_decoder import rope_from_hf
 from .gguf_decoder import NORM_PLUS_ONE
@@ -245,7 +245,7 @@ def llama_cpp_query_scalar(fmt: GemmaFormat, n_layers: int, d_model: int, n_head
 def gemma_config_from_gguf(fmt: GemmaFormat, f: Any, tensors: dict[str, TensorInfo]) -> GemmaConfig:
     heads = f.get(Keys.Attention.HEAD_COUNT, int)
     d = f.get(Keys.LLM.EMBEDDING_LENGTH, int)
-    n_layers = f.get(Keys.LLM.BLOCK_COUNT, int)
+    n_layers = block_count(f, tensors)
     head_dim = f.get(Keys.Attention.KEY_LENGTH, int, d // max(heads, 1))
     if f.get(Keys.Attention.VALUE_LENGTH, int, head_dim) != head_dim:
         raise where(f.path, "keys and values of different lengths are not supported")

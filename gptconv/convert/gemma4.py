@@ -18,7 +18,7 @@ from ..layers.gemma4 import Gemma4Config
 from .gemma import GELU_TANH, _layer_types
 from .hf_config import ConfigFields, build_config
 from .hf_decoder import _experts_gate_up
-from .gguf_meta import T, gguf_config, gguf_name
+from .gguf_meta import T, block_count, gguf_config, gguf_name
 from .keymap import Drop, Fused, KeyMap, Map, Stacked, TensorInfo, Tied
 
 _PROPORTIONAL = "proportional"
@@ -288,7 +288,7 @@ def gemma4_gguf_metadata(w: Any, c: Gemma4Config) -> None:
 
 def gemma4_config_from_gguf(f: Any, tensors: dict[str, TensorInfo]) -> Gemma4Config:
     """A config from llama.cpp's gemma4 metadata and ``rope_freqs`` (how much of the global head rotates)."""
-    n = f.get(Keys.LLM.BLOCK_COUNT, int)
+    n = block_count(f, tensors)
     sliding = f.get(Keys.Attention.SLIDING_WINDOW_PATTERN, list, None)
     if not isinstance(sliding, list) or len(sliding) != n or not all(isinstance(s, bool) for s in sliding):
         raise where(f.path, f"attention.sliding_window_pattern must say for each of the {n} layers whether it slides")

@@ -26,7 +26,7 @@ from ..layers.decoder import FULL, LINEAR, LlamaConfig
 from ..layers.linear_attention import DeltaNetShape
 from .gguf_decoder import (EXPERTS, NORM_PLUS_ONE, add_decoder_hparams, add_key_length, decoder_config_from_gguf,
                            experts_of)
-from .gguf_meta import T, gguf_name
+from .gguf_meta import T, block_count, gguf_name
 from .hf_hybrid import per_head
 from .keymap import Fused, KeyMap, Map, Rule, Tied, Transform
 from .mtp import mtp_gguf_rows
@@ -131,7 +131,7 @@ def hybrid_gguf_keymap(c: LlamaConfig, arch: str, tiled: bool) -> KeyMap:
 def hybrid_config_from_gguf(f: Any, tensors: dict, family: str, **specific: Any) -> LlamaConfig:
     """A Qwen hybrid's config: which layers are linear (``attention.recurrent_layers``, else every
     ``full_attention_interval``-th is full) and the linear layers' sizes from the ``ssm`` keys."""
-    blocks = f.get(Keys.LLM.BLOCK_COUNT, int)
+    blocks = block_count(f, tensors)
     nextn = f.get(Keys.LLM.NEXTN_PREDICT_LAYERS, int, 0)  # the last nextn blocks are MTP layers
     if not 0 <= nextn < blocks:
         raise where(f.path, f"nextn_predict_layers {nextn} leaves none of the {blocks} blocks to the model")

@@ -215,7 +215,7 @@ def gating_of(f: Any, n_layers: int) -> int:
 def deepseek2_config_from_gguf(f: Any, tensors: dict, family: str) -> LlamaConfig:
     """llama.cpp's deepseek2: the MLA sizes from its own keys, sigmoid routing (expert_gating_func), the
     dense layers first, DeepSeek's YaRN mscale from yarn_log_mul."""
-    n = trunk_layers(f)  # the MTP blocks after them are dropped (``with_dropped_mtp``)
+    n = trunk_layers(f, tensors)  # the MTP blocks after them are dropped (``with_dropped_mtp``)
     if gating_of(f, n) != ExpertGatingFuncType.SIGMOID:
         raise where(f.path, "deepseek2 routing other than sigmoid (expert_gating_func: DeepSeek-V2's softmax) is "
                             "not supported")

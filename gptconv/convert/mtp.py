@@ -104,7 +104,9 @@ def with_dropped_mtp(keymap: Any, n_layers: int, gguf: bool = False) -> Any:
     return KeyMap(keymap.name, list(keymap.rules) + dropped_mtp_rows(list(keymap.rules), n_layers, gguf))
 
 
-def trunk_layers(f: Any) -> int:
-    """A GGUF's trunk layers: its block count less the MTP blocks after them (nextn_predict_layers)."""
+def trunk_layers(f: Any, tensors: dict) -> int:
+    """A GGUF's trunk layers: its block count less the MTP blocks after them (nextn_predict_layers), the
+    count checked against the blocks its tensors hold before a per-layer list is made of it."""
     from gguf import Keys
-    return f.get(Keys.LLM.BLOCK_COUNT, int) - f.get(Keys.LLM.NEXTN_PREDICT_LAYERS, int, 0)
+    from .gguf_meta import block_count
+    return block_count(f, tensors, less=f.get(Keys.LLM.NEXTN_PREDICT_LAYERS, int, 0))

@@ -21,6 +21,7 @@ from ..errors import GptconvError, where
 from ..layers.decoder import FULL, SLIDING, Llama, LlamaConfig
 from ..layers.rope import RopeScaling
 from .base import Family, Preset
+from ..convert.gguf_meta import block_count
 
 _EXAONE = dict(qk_norm=True, norms="post")
 
@@ -82,7 +83,7 @@ def config_to_hf(c: LlamaConfig) -> dict[str, Any]:
 def config_from_gguf(f: Any, tensors: dict) -> LlamaConfig:
     refuse_experts(f)
     window = f.get(Keys.Attention.SLIDING_WINDOW, int, 0) or None
-    n = f.get(Keys.LLM.BLOCK_COUNT, int)
+    n = block_count(f, tensors)
     types: tuple[str, ...] = ()
     if window is not None:
         # llama.cpp's default where the file says no pattern: every 4th layer global

@@ -100,7 +100,7 @@ def config_from_gguf(f: Any, tensors: dict) -> LlamaConfig:
     """llama.cpp's glm4moe: sigmoid routing, the dense layers first, q/k norms where the file has them."""
     if f.get(Keys.LLM.EXPERT_GATING_FUNC, int, ExpertGatingFuncType.SIGMOID) != ExpertGatingFuncType.SIGMOID:
         raise where(f.path, "glm4moe routing other than sigmoid is not supported")
-    n = trunk_layers(f)  # the MTP blocks after them (nextn_predict_layers) are dropped (``with_dropped_mtp``)
+    n = trunk_layers(f, tensors)  # the MTP blocks after them (nextn_predict_layers) are dropped
     dense = f.get(Keys.LLM.LEADING_DENSE_BLOCK_COUNT, int, 0)
     moe_d_ff = f.get(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, int)
     return decoder_config_from_gguf(

@@ -25,7 +25,7 @@ from gguf import Keys
 
 from ..convert.gguf_decoder import (add_decoder_hparams, add_key_length, add_yarn_scaling, decoder_config_from_gguf,
                                     decoder_gguf_keymap, standard_layer)
-from ..convert.gguf_meta import T, gguf_name
+from ..convert.gguf_meta import T, block_count, gguf_name
 from ..convert.hf_config import ConfigFields
 from ..convert.hf_decoder import (ATTENTION, DECODER_HF_STEPS, NORMS, decoder_config_from_hf, decoder_config_to_hf,
                                   decoder_hf_keymap, describe_decoder, windows_of_layer_types)
@@ -161,7 +161,7 @@ def gguf_keymap(c: LlamaConfig) -> KeyMap:
 def config_from_gguf(f: Any, tensors: dict) -> LlamaConfig:
     """llama.cpp's gpt-oss: a window on the even layers, the clamp and slope it hard-codes, its YaRN (the
     ramp's edges rounded out, as it runs every model's)."""
-    n = f.get(Keys.LLM.BLOCK_COUNT, int)
+    n = block_count(f, tensors)
     window = f.get(Keys.Attention.SLIDING_WINDOW, int, 0)
     if not window:
         raise where(f.path, "gpt-oss without a sliding_window")

@@ -19,7 +19,7 @@ from gguf import Keys
 
 from ..convert.gguf_decoder import (QK_NORM as GGUF_QK_NORM, add_decoder_hparams, add_key_length, add_linear_scaling,
                                     decoder_config_from_gguf, decoder_gguf_keymap, refuse_experts, standard_layer)
-from ..convert.gguf_meta import T, gguf_name
+from ..convert.gguf_meta import T, block_count, gguf_name
 from ..convert.hf_config import ConfigFields
 from ..convert.hf_decoder import (DECODER_HF_STEPS, decoder_config_from_hf, decoder_config_to_hf, decoder_hf_keymap,
                                   describe_decoder)
@@ -112,7 +112,7 @@ def config_from_gguf(f: Any, tensors: dict) -> LlamaConfig:
         raise where(f.path, "lfm2: a sliding window (llama.cpp's, on the attention layers) is not supported")
     kv = f.get(Keys.Attention.HEAD_COUNT_KV, list)
     heads = {k for k in kv if k}
-    if len(kv) != f.get(Keys.LLM.BLOCK_COUNT, int) or len(heads) > 1 or not all(isinstance(k, int) for k in kv):
+    if len(kv) != block_count(f, tensors) or len(heads) > 1 or not all(isinstance(k, int) for k in kv):
         raise where(f.path, f"lfm2: head_count_kv must give each layer one K/V head count or 0 (a conv layer): {kv}")
     types = tuple(FULL if k else CONV for k in kv)
     conv = ShortConvShape(kernel=f.get(Keys.ShortConv.L_CACHE, int)) if CONV in types else None

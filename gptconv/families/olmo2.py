@@ -20,6 +20,7 @@ from ..convert.hf_decoder import (ATTENTION, DECODER_HF_STEPS, MLP, POST_NORM_ST
 from ..errors import where
 from ..layers.decoder import FULL, SLIDING, Llama, LlamaConfig
 from .base import Family, Preset
+from ..convert.gguf_meta import block_count
 
 _OLMO = dict(qk_norm=True, qk_norm_over="all", norms="post", family="olmo2")
 
@@ -72,7 +73,7 @@ def config_from_gguf(f: Any, tensors: dict) -> LlamaConfig:
     refuse_experts(f)
     window = f.get(Keys.Attention.SLIDING_WINDOW, int, 0) or None
     pattern = f.get(Keys.Attention.SLIDING_WINDOW_PATTERN, list, None)
-    n = f.get(Keys.LLM.BLOCK_COUNT, int)
+    n = block_count(f, tensors)
     if window is not None and pattern is None:
         raise where(f.path, "olmo2: a sliding window without attention.sliding_window_pattern")
     if pattern is not None and (len(pattern) != n or not all(isinstance(x, bool) for x in pattern)):

@@ -18,6 +18,7 @@ from ..convert.hf_decoder import (ATTENTION, DECODER_HF_STEPS, MLP, NORMS, decod
 from ..errors import GptconvError, where
 from ..layers.decoder import FULL, SLIDING, Llama, LlamaConfig
 from .base import Family, Preset
+from ..convert.gguf_meta import block_count
 
 LLAMA_CPP_NOPE_STEP = 4  # llama.cpp's smollm3: layer i rotates unless (i + 1) % 4 == 0
 
@@ -78,7 +79,7 @@ def config_from_gguf(f: Any, tensors: dict) -> LlamaConfig:
     """What llama.cpp runs: every 4th layer NoPE, no window."""
     refuse_experts(f)
     from gguf import Keys
-    n = f.get(Keys.LLM.BLOCK_COUNT, int)
+    n = block_count(f, tensors)
     if f.get(Keys.Attention.SLIDING_WINDOW, int, 0):
         raise where(f.path, "smollm3: llama.cpp's smollm3 has no sliding window")
     return decoder_config_from_gguf(f, tensors, "smollm3", rope_layers=every_nth_nope(n, LLAMA_CPP_NOPE_STEP))
