@@ -440,3 +440,21 @@ def test_a_string_array_past_the_end_of_the_file_is_one_line(tmp_path):
     path.write_bytes(data)
     with pytest.raises(GptconvError, match=r"v\.gguf.*string 49 of the array .* past the end of the file"):
         read_fields(path)
+
+
+# --- 6. The fuzz reaches each family's GGUF fields: every numeric `{arch}.*` field set to hostile values.
+
+def test_every_family_gguf_field_set_hostile_ends_in_one_line_or_a_trace(family_ggufs, tmp_path):
+    import json
+    import subprocess
+    import sys
+    files = [str(p) for arch, p in family_ggufs.items() if not arch.endswith("/hf")]
+    script = Path(__file__).with_name("fuzz_fields.py")
+    r = subprocess.run([sys.executable, str(script), str(tmp_path), *files], capture_output=True, text=True,
+                       timeout=600, cwd=script.parent)
+    lines = r.stdout.strip().splitlines()
+    assert lines and lines[-1].startswith("{"), f"exit status {r.returncode}:\n{r.stderr[-3000:]}"
+    result = json.loads(lines[-1])
+    print("\nfield fuzz:", result["summary"])
+    assert result["failures"] == [], f"{len(result['failures'])} failures:\n" + "\n".join(result["failures"][:8])
+    assert result["summary"].get("error") and result["summary"].get("traced")
