@@ -266,12 +266,14 @@ def model_need(what: str, s: Shape, dtype: torch.dtype, base: int | None = None)
 
 
 def generate_need(name: str, s: Shape, cache: int, dtype: torch.dtype, prompt: int, batch: int = 1) -> Need:
-    """generate: our model whole, its KV cache (``cache`` bytes at its largest), a prefill's activations."""
+    """generate: our model whole, its KV cache (``cache`` bytes at its largest), a prefill's activations;
+    never less than its load (the weights and one tensor converted), which it checks first."""
     b = dtype.itemsize
     need = Need(f"generate with {name} ({str(dtype).removeprefix('torch.')})", resident())
     need.phases["prefill"] = {"weights": s.params * b, "KV cache": cache,
                               "activations": forward_bytes(s, prompt, b, batch),
                               "logits": batch * s.vocab * 8}
+    need.phases["load"] = {"weights": s.params * b, "a tensor converted": s.largest * 4}  # as model_need
     return need
 
 
