@@ -112,10 +112,30 @@ def open_source(source: str | Path, revision: str | None = None, prefer_cache: b
     if ckpt.model_type in BY_WRAPPER:
         return _text_model_of(str(source), path, repo_id, ckpt)
     family = for_hf(ckpt.model_type, path / "config.json")
-    config = family.config_from_hf_tensors(family.config_from_hf(ckpt.config, path / "config.json"), ckpt.tensors)
+    config = family.config_from_hf_tensors(hf_config(family, ckpt.config, path / "config.json", ckpt.tensors),
+                                           ckpt.tensors)
     stored = {k: t.stored or str(t.dtype).removeprefix("torch.") for k, t in ckpt.tensors.items()}
     return Source(str(source), path, repo_id, "hf", config, family.hf_keymap(config), ckpt.tensors,
                   ckpt.weight_files, stored, hf_config=ckpt.config)
+
+
+LAYER_COUNTS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers")
+
+
+def hf_config(family, data: dict, origin: object, tensors: dict) -> Any:
+    """``family.config_from_hf``, its layer count first bounded by the layers the tensors' names number (a
+    config's count drives per-layer lists before any tensor is matched), a part's refusal naming the file."""
+    import re
+    most = max((int(n) + 1 for key in tensors for n in re.findall(r"(?<=\.)\d+(?=\.)", key)), default=0)
+    for name in LAYER_COUNTS:
+        n = data.get(name)
+        if isinstance(n, int) and not isinstance(n, bool) and n > max(most, 1):
+            raise GptconvError(f"{origin}: field '{name}' is {n}, but the checkpoint's tensors number at most "
+                               f"{most} layers")
+    try:
+        return family.config_from_hf(data, origin)
+    except ValueError as e:  # a part's own config (MLA's, RoPE scaling's) refusing what the file says
+        raise GptconvError(f"{origin}: {e}") from None
 
 
 def _text_model_of(name: str, path: Path, repo_id: str | None, ckpt) -> Source:
@@ -134,7 +154,7 @@ def _text_model_of(name: str, path: Path, repo_id: str | None, ckpt) -> Source:
     text = dict(text)
     if isinstance(ckpt.config.get("tie_word_embeddings"), bool):  # the wrapper's says whether its head is tied
         text["tie_word_embeddings"] = ckpt.config["tie_word_embeddings"]
-    config = family.config_from_hf(text, f"{origin} (text_config)")
+    config = hf_config(family, text, f"{origin} (text_config)", ckpt.tensors)
     tensors, left_out = {}, []
     for key, info in ckpt.tensors.items():
         if wrapper.leaves_out(key):

@@ -1,8 +1,11 @@
-"""Every numeric metadata field of each family's GGUF file set to hostile values: ``python fuzz_fields.py
-WORKDIR FILE...``. Each case is a copy of one FILE with one ``{arch}.*`` field (a scalar, or every item of
-an array) set to 0, to a number past any real model's, to -1 or NaN where the type holds them, or a bool
-flipped; ``gptconv.trace`` then runs it on two tokens. Every case must end in a GptconvError or a trace,
-in bounded time and memory (fuzz.py's limits). Prints a JSON summary: cases, outcomes, failures."""
+"""Every numeric field of each family's config set to hostile values, both ways: ``python fuzz_fields.py
+WORKDIR SOURCE...``, a SOURCE a GGUF file or an HF folder. A GGUF case is a copy of the file with one
+``{arch}.*`` metadata field (a scalar, or every item of an array) changed; an HF case is the folder (its
+other files hard links) with one number of its config.json changed (a leaf, nested ones included, or every
+item of a list of numbers). The values: 0, a number past any real model's, -1 or NaN where the type holds
+them, or a bool flipped; ``gptconv.trace`` then runs the case on two tokens. Every case must end in a
+GptconvError naming the file, in one line, or a trace, in bounded time and memory (fuzz.py's limits).
+Prints a JSON summary: cases, outcomes, failures."""
 
 from __future__ import annotations
 
@@ -51,6 +54,64 @@ def cases(path: Path) -> list[tuple[str, object, list[tuple[int, np.ndarray]]]]:
     return out
 
 
+def config_cases(config: dict) -> list[tuple[str, object, tuple]]:
+    """(the field's name, hostile value, its path in config.json) for each number, bool or list of numbers."""
+    out = []
+
+    def walk(node, path):
+        items = node.items() if isinstance(node, dict) else ()
+        for key, v in items:
+            here = (*path, key)
+            name = ".".join(map(str, here))
+            if isinstance(v, dict):
+                walk(v, here)
+            elif isinstance(v, bool):
+                out.append((name, "flip", here))
+            elif isinstance(v, (int, float)) or (isinstance(v, list) and v and
+                                                 all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)):
+                floats = isinstance(v, float) or (isinstance(v, list) and any(isinstance(x, float) for x in v))
+                values = [0.0, -1.0, math.nan, math.inf, 1e30] if floats else [0, -1, 2**31 - 1, 2**64 - 1]
+                out.extend((name, value, here) for value in values)
+    walk(config, ())
+    return out
+
+
+def config_case(src: Path, dst: Path, config: dict, path: tuple, value) -> None:
+    """``dst``: ``src`` with its files hard-linked and config.json's ``path`` set to ``value``."""
+    import copy
+    if dst.exists():
+        for f in dst.iterdir():
+            f.unlink()
+    else:
+        dst.mkdir()
+    for f in src.iterdir():
+        if f.name != "config.json" and f.is_file():
+            (dst / f.name).hardlink_to(f)
+    new = copy.deepcopy(config)
+    node = new
+    for key in path[:-1]:
+        node = node[key]
+    old = node[path[-1]]
+    node[path[-1]] = (not old if value == "flip" else [value] * len(old) if isinstance(old, list) else value)
+    (dst / "config.json").write_text(json.dumps(new))
+
+
+def all_cases(workdir: Path, src: Path):
+    """(label, the file a refusal must name, a function making the case and returning what to trace)."""
+    if src.is_dir():
+        config = json.loads((src / "config.json").read_text())
+        dst = workdir / src.name
+        for name, value, path in config_cases(config):
+            yield (f"{src.name}/config.json: {name} = {value}", "config.json",
+                   lambda path=path, value=value: config_case(src, dst, config, path, value) or dst)
+    else:
+        data = src.read_bytes()
+        target = workdir / src.name
+        for key, value, places in cases(src):
+            yield (f"{src.name}: {key} = {value}", src.name,
+                   lambda places=places, value=value: patch(data, target, places, value) or target)
+
+
 def patch(data: bytes, dst: Path, places: list[tuple[int, np.ndarray]], value) -> None:
     b = bytearray(data)
     for at, item in places:
@@ -67,11 +128,8 @@ def main(workdir: Path, files: list[Path]) -> dict:
     summary: dict[str, int] = {}
     failures: list[str] = []
     for src in files:
-        data = src.read_bytes()
-        for key, value, places in cases(src):
-            target = workdir / src.name
-            patch(data, target, places, value)
-            label = f"{src.name}: {key} = {value}"
+        for label, named, make in all_cases(workdir, src):
+            target = make()
             start = time.monotonic()
             try:
                 signal.setitimer(signal.ITIMER_REAL, TIME_LIMIT)
@@ -82,7 +140,7 @@ def main(workdir: Path, files: list[Path]) -> dict:
                 failures.append(f"{label}: did not end in {TIME_LIMIT:g}s")
             except GptconvError as e:
                 outcome = "error"
-                if "\n" in str(e) or src.name not in str(e):
+                if "\n" in str(e) or named not in str(e) and str(target) not in str(e):
                     failures.append(f"{label}: refused in more than one line or without naming the file: {e}")
             except BaseException as e:  # noqa: BLE001 - the point is to catch anything
                 outcome = "other"
@@ -92,7 +150,6 @@ def main(workdir: Path, files: list[Path]) -> dict:
             if time.monotonic() - start > TIME_LIMIT and outcome != "hang":
                 failures.append(f"{label}: took {time.monotonic() - start:.1f}s")
             summary[outcome] = summary.get(outcome, 0) + 1
-            target.unlink()
     return {"summary": summary, "failures": failures}
 
 

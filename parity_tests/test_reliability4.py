@@ -205,19 +205,42 @@ GGUF_SHAPES = {
                                           sliding_window=16, hidden_size_per_layer_input=8,
                                           vocab_size_per_layer_input=32000, bos_token_id=1, eos_token_id=2,
                                           pad_token_id=0)),
+    "llama": ("gpt-2", dict(vocab_size=50257, max_position_embeddings=64, hidden_size=64, intermediate_size=96,
+                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, bos_token_id=50256,
+                            eos_token_id=50256, rope_parameters=dict(
+                                rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0,
+                                high_freq_factor=4.0, original_max_position_embeddings=16))),
+    "gemma3_text": ("llama-spm-bpe", dict(vocab_size=32000, max_position_embeddings=64, hidden_size=64,
+                                          intermediate_size=64, num_hidden_layers=6, num_attention_heads=4,
+                                          num_key_value_heads=2, head_dim=16, sliding_window=8, bos_token_id=1,
+                                          eos_token_id=2, pad_token_id=0)),  # llama.cpp's: every 6th global
+    "gpt_oss": ("gpt-2", dict(vocab_size=50257, max_position_embeddings=64, hidden_size=64, intermediate_size=32,
+                              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                              num_local_experts=4, num_experts_per_tok=2, sliding_window=8, bos_token_id=50256,
+                              eos_token_id=50256, pad_token_id=50256)),
 }
+
+
+class _Built(dict):
+    """Each family's checkpoint (``arch + "/hf"``) and its GGUF export (``arch``), made when first asked for."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__()
+        self.root = root
+
+    def __missing__(self, key: str) -> Path:
+        from fixtures import make_checkpoint
+        arch = key.removesuffix("/hf")
+        vocab, shape = GGUF_SHAPES[arch]
+        folder = make_checkpoint(self.root / arch, arch, vocab, shape)
+        self[arch + "/hf"] = folder
+        self[arch] = gptconv.export(str(folder), self.root / f"{arch}.gguf", "gguf").out
+        return self[key]
 
 
 @pytest.fixture(scope="module")
 def family_ggufs(tmp_path_factory) -> dict[str, Path]:
-    from fixtures import make_checkpoint
-    root = tmp_path_factory.mktemp("ggufs")
-    out = {}
-    for arch, (vocab, shape) in GGUF_SHAPES.items():
-        folder = make_checkpoint(root / arch, arch, vocab, shape)
-        out[arch] = gptconv.export(str(folder), root / f"{arch}.gguf", "gguf").out
-        out[arch + "/hf"] = folder
-    return out
+    return _Built(tmp_path_factory.mktemp("ggufs"))
 
 
 def patched(gguf: Path, dst: Path, changes: dict[str, object], hide: tuple[str, ...] = ()) -> Path:
@@ -444,17 +467,21 @@ def test_a_string_array_past_the_end_of_the_file_is_one_line(tmp_path):
 
 # --- 6. The fuzz reaches each family's GGUF fields: every numeric `{arch}.*` field set to hostile values.
 
-def test_every_family_gguf_field_set_hostile_ends_in_one_line_or_a_trace(family_ggufs, tmp_path):
+@pytest.mark.parametrize("form", ["gguf", "hf"])
+@pytest.mark.parametrize("arch", list(GGUF_SHAPES))
+def test_each_family_config_field_set_hostile_ends_in_one_line_or_a_trace(family_ggufs, tmp_path, arch, form):
+    """Item 5 and 6 both ways: every numeric field of the family's GGUF metadata, and of its config.json,
+    set to 0, -1, 2^31-1, its type's max, NaN, inf, 1e30 or a flipped bool (fuzz_fields.py)."""
     import json
     import subprocess
     import sys
-    files = [str(p) for arch, p in family_ggufs.items() if not arch.endswith("/hf")]
+    source = family_ggufs[arch if form == "gguf" else arch + "/hf"]
     script = Path(__file__).with_name("fuzz_fields.py")
-    r = subprocess.run([sys.executable, str(script), str(tmp_path), *files], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, str(script), str(tmp_path), str(source)], capture_output=True, text=True,
                        timeout=600, cwd=script.parent)
     lines = r.stdout.strip().splitlines()
     assert lines and lines[-1].startswith("{"), f"exit status {r.returncode}:\n{r.stderr[-3000:]}"
     result = json.loads(lines[-1])
-    print("\nfield fuzz:", result["summary"])
+    print(f"\nfield fuzz of {source.name}:", result["summary"])
     assert result["failures"] == [], f"{len(result['failures'])} failures:\n" + "\n".join(result["failures"][:8])
     assert result["summary"].get("error") and result["summary"].get("traced")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from ..errors import GptconvError
@@ -55,8 +56,13 @@ class ConfigFields:
         return value
 
     def float(self, name: str, default: Any = _REQUIRED) -> float:
+        """A number; NaN and the infinities (which Python's JSON reads) are no model's setting."""
         value = self._get(name, (int, float), default)
-        return float(value) if value is not None else None
+        if value is None:
+            return None
+        if not math.isfinite(value):
+            raise self.error(f"field '{name}' is {value}; it must be a finite number")
+        return float(value)
 
     def bool(self, name: str, default: Any = _REQUIRED) -> bool:
         return self._get(name, (bool,), default)

@@ -519,7 +519,10 @@ class KeyMap:
                 problem("wrong shape", f"tied copy '{key}' is {list(sources[key].shape)}")
         for target in targets:
             if target not in filled:
-                problem("missing tensor", f"'{self.source_name(target, ctx)[0]}' (for '{target}')")
+                try:
+                    problem("missing tensor", f"'{self.source_name(target, ctx)[0]}' (for '{target}')")
+                except GptconvError:  # a part the config asks for that this format's checkpoints never hold
+                    problem("part its config asks for that no row reads", f"'{target}'")
         if problems:
             raise GptconvError(f"{origin}: does not map onto {self.name}: " + "; ".join(
                 f"{kind}: {_few(items)}" for kind, items in problems.items()))

@@ -48,13 +48,13 @@ _HAS = frozenset({"layer_types", "short convolution"})
 
 def ffn_size(f: ConfigFields) -> int:
     """The MLP's hidden size as transformers' Lfm2MLP computes it (``block_ff_dim``, an older name, wins)."""
-    size = f.int("block_ff_dim", None) or f.int("intermediate_size", 12288)
+    size = f.positive("block_ff_dim", None) or f.positive("intermediate_size", 12288)
     if f.bool("block_auto_adjust_ff_dim", True):
         size = int(2 * size / 3)
         multiplier = f.data.get("block_ffn_dim_multiplier", 1.0)
         if multiplier is not None:  # transformers rounds up only with a multiplier
             of = f.positive("block_multiple_of", 256)
-            size = of * ((int(f.float("block_ffn_dim_multiplier", 1.0) * size) + of - 1) // of)
+            size = of * ((int(f.positive_float("block_ffn_dim_multiplier", 1.0) * size) + of - 1) // of)
     return size
 
 

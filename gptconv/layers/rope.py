@@ -56,8 +56,9 @@ class RopeScaling:
         if not (0 < self.factor < 1e6) or self.original_context_length <= 0:
             raise ValueError(f"rope scaling factor {self.factor!r} / original context {self.original_context_length!r} "
                              "out of range")
-        if self.kind == "llama3" and self.high_freq_factor <= self.low_freq_factor:
-            raise ValueError("llama3 rope scaling needs high_freq_factor > low_freq_factor")
+        if self.kind == "llama3" and not 0 < self.low_freq_factor < self.high_freq_factor < 1e6:
+            raise ValueError(f"llama3 rope scaling needs 0 < low_freq_factor < high_freq_factor (they are "
+                             f"{self.low_freq_factor!r} and {self.high_freq_factor!r})")
 
 
 def rope_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None = None, long: bool = False) -> torch.Tensor:
