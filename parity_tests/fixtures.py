@@ -417,3 +417,65 @@ def relayout(src: Path, dst: Path, renames: dict[str, str]) -> Path:
         out[new] = t
     save_file(out, dst / "model.safetensors", metadata={"format": "pt"})
     return dst
+
+
+# --- checkpoints as the low-precision releases ship them
+
+def fp8_folder(ckpt, folder, block: int):
+    """The fixture with every linear weight of its layers in float8 E4M3 with one float32 scale per block of
+    block × block (weight_scale_inv; quantization_config fp8), by the format's rule: a block's scale is its
+    max|w| / 448 (E4M3's largest), each weight w / scale rounded to E4M3. Blocks at the edges are cut short."""
+    import json
+    import shutil
+    from safetensors.torch import load_file, save_file
+    shutil.copytree(ckpt, folder)
+    tensors = load_file(folder / "model.safetensors")
+    for name in [k for k in tensors if k.endswith(("proj.weight", "proj_with_mqa.weight")) and ".layers." in k]:
+        w = tensors.pop(name)
+        rows, cols = w.shape
+        grid = (-(-rows // block), -(-cols // block))
+        padded = torch.zeros(grid[0] * block, grid[1] * block)
+        padded[:rows, :cols] = w
+        blocks = padded.view(grid[0], block, grid[1], block)
+        scale = blocks.abs().amax((1, 3)) / 448.0
+        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+        q = (blocks / scale[:, None, :, None]).to(torch.float8_e4m3fn).view(grid[0] * block, -1)[:rows, :cols]
+        tensors[name], tensors[name.removesuffix("weight") + "weight_scale_inv"] = q.contiguous(), scale
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3",
+                                     "weight_block_size": [block, block]}
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
+
+
+def quantize_mxfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(E, R, C) → HF's (E, R, C/32, 16) blocks and (E, R, C/32) scales, by the OCP MX rule: each block of 32
+    shares the exponent floor(log2 max|x|) − 2 (E2M1's largest exponent), each value rounds to the nearest E2M1."""
+    b = w.float().reshape(*w.shape[:-1], -1, 32)
+    amax = b.abs().amax(-1)
+    e = torch.where(amax > 0, torch.floor(torch.log2(amax)) - 2 + 127, torch.zeros_like(amax)).clamp(0, 254)
+    idx = (b[..., None] / torch.ldexp(torch.ones_like(amax), (e - 127).int())[..., None, None] - E2M1).abs().argmin(-1)
+    return (idx[..., 0::2] | (idx[..., 1::2] << 4)).to(torch.uint8), e.to(torch.uint8)
+
+
+def mxfp4_folder(ckpt, folder):
+    """``ckpt`` with its experts' two matrices in MXFP4 (``*_blocks`` + ``*_scales``, quantization_config
+    mxfp4), as openai/gpt-oss-20b ships them."""
+    import json
+    import shutil
+    from safetensors.torch import load_file, save_file
+    shutil.copytree(ckpt, folder)
+    tensors = load_file(folder / "model.safetensors")
+    for name in [k for k in tensors if k.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        blocks, scales = quantize_mxfp4(tensors.pop(name).transpose(1, 2))  # rows are the outputs
+        tensors[name + "_blocks"], tensors[name + "_scales"] = blocks, scales
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder

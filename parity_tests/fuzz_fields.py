@@ -2,7 +2,8 @@
 WORKDIR SOURCE...``, a SOURCE a GGUF file or an HF folder. A GGUF case is a copy of the file with one
 ``{arch}.*`` metadata field (a scalar, or every item of an array) changed; an HF case is the folder (its
 other files hard links) with one number of its config.json changed (a leaf, nested ones included, or every
-item of a list of numbers). The values: 0, a number past any real model's, -1 or NaN where the type holds
+item of a list of numbers), and, in an FP8 or MXFP4 checkpoint, one scale tensor's values, shape or
+dtype changed or the tensor left out. The values: 0, a number past any real model's, -1 or NaN where the type holds
 them, or a bool flipped; ``gptconv.trace`` then runs the case on two tokens. Every case must end in a
 GptconvError naming the file, in one line, or a trace, in bounded time and memory (fuzz.py's limits).
 Prints a JSON summary: cases, outcomes, failures."""
@@ -85,8 +86,10 @@ def config_case(src: Path, dst: Path, config: dict, path: tuple, value) -> None:
     else:
         dst.mkdir()
     for f in src.iterdir():
-        if f.name != "config.json" and f.is_file():
+        if f.name != "config.json" and f.is_file() or config is None and f.is_file():
             (dst / f.name).hardlink_to(f)
+    if config is None:  # every file as it is
+        return
     new = copy.deepcopy(config)
     node = new
     for key in path[:-1]:
@@ -94,6 +97,35 @@ def config_case(src: Path, dst: Path, config: dict, path: tuple, value) -> None:
     old = node[path[-1]]
     node[path[-1]] = (not old if value == "flip" else [value] * len(old) if isinstance(old, list) else value)
     (dst / "config.json").write_text(json.dumps(new))
+
+
+SCALES = {"fp8": "_scale_inv", "mxfp4": "_scales"}  # a quantized checkpoint's scale tensors end so
+
+
+def scale_cases(config: dict) -> list[tuple[str, object]]:
+    """(what is done to one scale tensor, how) for a checkpoint whose config.json says it is FP8 or MXFP4:
+    its values hostile (an MXFP4 scale is a uint8 exponent, 255 its NaN), its shape cut, turned, flattened
+    or grown, its dtype another, or the tensor gone."""
+    import torch
+    method = (config.get("quantization_config") or {}).get("quant_method")
+    if method not in SCALES:
+        return []
+    values = [0, 1, 127, 254, 255] if method == "mxfp4" else [0.0, -1.0, math.nan, math.inf, 1e30, 1e-45]
+    return ([(f"values {v}", lambda t, v=v: torch.full_like(t, v)) for v in values] + [
+        ("a row fewer", lambda t: t[:-1].clone()), ("transposed", lambda t: t.transpose(-1, -2).contiguous()),
+        ("flattened", lambda t: t.reshape(-1).clone()), ("a dimension more", lambda t: t[None].clone()),
+        ("as int32", lambda t: t.to(torch.int32)), ("as float16", lambda t: t.to(torch.float16)),
+        ("as bfloat16", lambda t: t.to(torch.bfloat16)), ("gone", None)])
+
+
+def scale_case(src: Path, dst: Path, tensors: dict, name: str, how) -> None:
+    """``dst``: ``src`` with its files hard-linked but model.safetensors, written with ``name`` changed by
+    ``how`` (or left out where ``how`` is None)."""
+    from safetensors.torch import save_file
+    config_case(src, dst, None, (), None)
+    (dst / "model.safetensors").unlink()
+    out = {k: (how(t) if k == name else t) for k, t in tensors.items() if k != name or how is not None}
+    save_file(out, str(dst / "model.safetensors"), metadata={"format": "pt"})
 
 
 def all_cases(workdir: Path, src: Path):
@@ -104,6 +136,13 @@ def all_cases(workdir: Path, src: Path):
         for name, value, path in config_cases(config):
             yield (f"{src.name}/config.json: {name} = {value}", "config.json",
                    lambda path=path, value=value: config_case(src, dst, config, path, value) or dst)
+        if quantized := scale_cases(config):
+            from safetensors.torch import load_file
+            tensors = load_file(str(src / "model.safetensors"))
+            name = next(k for k in tensors if k.endswith(SCALES[config["quantization_config"]["quant_method"]]))
+            for what, how in quantized:
+                yield (f"{src.name}: {name} {what}", src.name,
+                       lambda how=how: scale_case(src, dst, tensors, name, how) or dst)
     else:
         data = src.read_bytes()
         target = workdir / src.name

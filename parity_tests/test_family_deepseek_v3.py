@@ -13,6 +13,7 @@ import torch
 
 import gptconv
 from family_battery import *  # noqa: F401,F403 — the battery, collected here against this checkpoint
+from fixtures import fp8_folder
 from gptconv.writers import export
 from helpers import (assert_planted_fault_fails, assert_verifies_at_fp32_and_bf16, recorded_reference,
                      with_trailing_mtp_layer)
@@ -91,34 +92,6 @@ def test_the_cache_holds_the_latent_not_the_heads(ckpt):
 
 
 # --- FP8: the weights as DeepSeek-V3 / R1 and Kimi K2 ship them ---------------------------------------------
-
-def fp8_folder(ckpt, folder, block: int):
-    """The fixture with every linear weight of its layers in float8 E4M3 with one float32 scale per block of
-    block × block (weight_scale_inv; quantization_config fp8), by the format's rule: a block's scale is its
-    max|w| / 448 (E4M3's largest), each weight w / scale rounded to E4M3. Blocks at the edges are cut short."""
-    import json
-    import shutil
-    from safetensors.torch import load_file, save_file
-    shutil.copytree(ckpt, folder)
-    tensors = load_file(folder / "model.safetensors")
-    for name in [k for k in tensors if k.endswith(("proj.weight", "proj_with_mqa.weight")) and ".layers." in k]:
-        w = tensors.pop(name)
-        rows, cols = w.shape
-        grid = (-(-rows // block), -(-cols // block))
-        padded = torch.zeros(grid[0] * block, grid[1] * block)
-        padded[:rows, :cols] = w
-        blocks = padded.view(grid[0], block, grid[1], block)
-        scale = blocks.abs().amax((1, 3)) / 448.0
-        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-        q = (blocks / scale[:, None, :, None]).to(torch.float8_e4m3fn).view(grid[0] * block, -1)[:rows, :cols]
-        tensors[name], tensors[name.removesuffix("weight") + "weight_scale_inv"] = q.contiguous(), scale
-    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
-    config = json.loads((folder / "config.json").read_text())
-    config["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3",
-                                     "weight_block_size": [block, block]}
-    (folder / "config.json").write_text(json.dumps(config))
-    return folder
-
 
 @pytest.fixture(scope="module")
 def fp8_ckpt(ckpt, tmp_path_factory):

@@ -11,6 +11,7 @@ import torch
 
 import gptconv
 from family_battery import *  # noqa: F401,F403 — the battery, collected here against this checkpoint
+from fixtures import mxfp4_folder
 from gptconv.writers import export
 from helpers import assert_planted_fault_fails, assert_verifies_at_fp32_and_bf16, recorded_reference, run_cli
 
@@ -77,38 +78,9 @@ def test_the_experts_clamp_here(ckpt):
 
 # --- MXFP4: the experts as the released checkpoints store them ---------------------------------------------
 
-E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
-
-
-def quantize_mxfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(E, R, C) → HF's (E, R, C/32, 16) blocks and (E, R, C/32) scales, by the OCP MX rule: each block of 32
-    shares the exponent floor(log2 max|x|) − 2 (E2M1's largest exponent), each value rounds to the nearest E2M1."""
-    b = w.float().reshape(*w.shape[:-1], -1, 32)
-    amax = b.abs().amax(-1)
-    e = torch.where(amax > 0, torch.floor(torch.log2(amax)) - 2 + 127, torch.zeros_like(amax)).clamp(0, 254)
-    idx = (b[..., None] / torch.ldexp(torch.ones_like(amax), (e - 127).int())[..., None, None] - E2M1).abs().argmin(-1)
-    return (idx[..., 0::2] | (idx[..., 1::2] << 4)).to(torch.uint8), e.to(torch.uint8)
-
-
 @pytest.fixture(scope="module")
 def mxfp4_ckpt(ckpt, tmp_path_factory):
-    """The fixture with its experts' two matrices in MXFP4 (``*_blocks`` + ``*_scales``, quantization_config
-    mxfp4), as openai/gpt-oss-20b ships them."""
-    import json
-    import shutil
-    from safetensors.torch import load_file, save_file
-    folder = tmp_path_factory.mktemp("gpt_oss-mxfp4") / "hf"
-    shutil.copytree(ckpt, folder)
-    tensors = load_file(folder / "model.safetensors")
-    for name in [k for k in tensors if k.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
-        blocks, scales = quantize_mxfp4(tensors.pop(name).transpose(1, 2))  # rows are the outputs
-        tensors[name + "_blocks"], tensors[name + "_scales"] = blocks, scales
-    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
-    config = json.loads((folder / "config.json").read_text())
-    config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
-        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
-    (folder / "config.json").write_text(json.dumps(config))
-    return folder
+    return mxfp4_folder(ckpt, tmp_path_factory.mktemp("gpt_oss-mxfp4") / "hf")
 
 
 def test_mxfp4_experts_read_as_transformers_dequantizes_them(mxfp4_ckpt):

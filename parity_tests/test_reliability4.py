@@ -467,17 +467,25 @@ def test_a_string_array_past_the_end_of_the_file_is_one_line(tmp_path):
 
 # --- 6. The fuzz reaches each family's GGUF fields: every numeric `{arch}.*` field set to hostile values.
 
-@pytest.mark.parametrize("form", ["gguf", "hf"])
-@pytest.mark.parametrize("arch", list(GGUF_SHAPES))
+@pytest.mark.parametrize("arch,form", [(arch, form) for arch in GGUF_SHAPES for form in ("gguf", "hf")] +
+                         [("deepseek_v3", "fp8"), ("gpt_oss", "mxfp4")])
 def test_each_family_config_field_set_hostile_ends_in_one_line_or_a_trace(family_ggufs, tmp_path, arch, form):
     """Item 5 and 6 both ways: every numeric field of the family's GGUF metadata, and of its config.json,
-    set to 0, -1, 2^31-1, its type's max, NaN, inf, 1e30 or a flipped bool (fuzz_fields.py)."""
+    set to 0, -1, 2^31-1, its type's max, NaN, inf, 1e30 or a flipped bool; in an FP8 or MXFP4 checkpoint
+    (as DeepSeek-V3 and gpt-oss ship) also a scale tensor's values, shape and dtype (fuzz_fields.py)."""
     import json
     import subprocess
     import sys
+
+    from fixtures import fp8_folder, mxfp4_folder
     source = family_ggufs[arch if form == "gguf" else arch + "/hf"]
+    if form == "fp8":
+        source = fp8_folder(source, tmp_path / "fp8", 16)
+    elif form == "mxfp4":
+        source = mxfp4_folder(source, tmp_path / "mxfp4")
     script = Path(__file__).with_name("fuzz_fields.py")
-    r = subprocess.run([sys.executable, str(script), str(tmp_path), str(source)], capture_output=True, text=True,
+    (tmp_path / "cases").mkdir()
+    r = subprocess.run([sys.executable, str(script), str(tmp_path / "cases"), str(source)], capture_output=True, text=True,
                        timeout=600, cwd=script.parent)
     lines = r.stdout.strip().splitlines()
     assert lines and lines[-1].startswith("{"), f"exit status {r.returncode}:\n{r.stderr[-3000:]}"
