@@ -12,7 +12,8 @@ Case classes, in turn:
   changes of a weights file, and wrong values, types and deletions in a config.json.
 - ``special-file``: a side file of a checkpoint folder (config.json, the tokenizer files, the
   weights or a sharded folder's index or a shard), or the GGUF file itself, replaced by a FIFO, a
-  link to /dev/zero, a link to nothing, a link to itself, or a folder.
+  link to /dev/zero, a link to nothing, a link to itself, a folder, random bytes, or a link to a file
+  outside the folder (a secret): such a case is also exported, and nothing written may hold the secret.
 - ``json-extreme``: a value of config.json, tokenizer_config.json, tokenizer.json or a shard index
   replaced by a list or object nested 500 … 200,000 deep, an integer or float of thousands of
   digits, or NaN / Infinity.
@@ -57,7 +58,7 @@ import traceback
 import warnings
 from pathlib import Path
 
-from fuzz_hostile import (ABSENT_SIDE_FILES, KEY_TABLE_KINDS, KEY_TABLE_ORDER, SIDE_FILES, SPECIAL_KINDS,
+from fuzz_hostile import (ABSENT_SIDE_FILES, KEY_TABLE_KINDS, KEY_TABLE_ORDER, SECRET, SIDE_FILES, SPECIAL_KINDS,
                           TABLE_KINDS, TEMPLATES, TEXT, TOKENIZER_ORDER, base_tokenizer_json, build_table, costly,
                           extreme_literal, gguf_with_kvs, hostile_table, hostile_tokenizer_json, make_special,
                           mutate_array_count, mutate_tensor_table, put_raw, put_template, table_specs,
@@ -167,6 +168,22 @@ def exercise(target: Path, text: str, tokenizer: bool, refusals: list[str] | Non
             if tok.chat_template is not None:
                 attempt("apply_chat_template", lambda: tok.apply_chat_template(MESSAGES))
     return outcome, problems
+
+
+def leaked(target: Path, out: Path, fmt: str) -> list[str]:
+    """Export ``target`` (whose side file links out of its folder) to ``out``: it may be refused, but no
+    file written may hold what the link points at."""
+    import gptconv
+    from gptconv.errors import GptconvError
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        gptconv.export(target, out / ("model.gguf" if fmt == "gguf" else "hf"), fmt)
+    except GptconvError:
+        pass
+    except Exception as e:  # noqa: BLE001 - the point is to catch anything
+        return [f"export: {type(e).__name__}: {str(e)[:300]}"]
+    return [f"export to {fmt} wrote what a link out of the folder points at into {p.relative_to(out)}"
+            for p in (out.rglob("*") if out.exists() else []) if p.is_file() and SECRET in p.read_bytes()]
 
 
 def exercise_table(folder: Path, specs: list | None, expected: dict | None) -> tuple[str, list[str]]:
@@ -289,17 +306,17 @@ def main(workdir: Path, cases: int, seed: int, only: set[int] | None = None) -> 
             if rng.random() < 0.15:  # the GGUF file itself
                 case.mkdir()
                 target = case / "model.gguf"
-                make_special(target, kind)
+                make_special(target, kind, rng)
                 detail = "model.gguf"
             else:
                 name = hf_case(case)
                 weights = sorted(p.name for p in case.glob("*.safetensors"))
                 choices = [*SIDE_FILES, *SIDE_FILES, *ABSENT_SIDE_FILES] + (
                     ["model.safetensors.index.json"] * 3 + weights if name == "sharded" else ["model.safetensors"] * 2)
-                victim = rng.choice(choices)
+                victim = rng.choice(choices if kind != "outside" else [*ABSENT_SIDE_FILES, "tokenizer_config.json"])
                 if victim in ("vocab.json", "merges.txt"):
                     (case / "tokenizer.json").unlink()  # else they are never read
-                make_special(case / victim, kind)
+                make_special(case / victim, kind, rng)
                 target, detail = case, f"{name}/{victim}"
         elif cls == "json-extreme":
             name = hf_case(case)
@@ -366,6 +383,8 @@ def main(workdir: Path, cases: int, seed: int, only: set[int] | None = None) -> 
                                                  f"{traceback.format_exc(limit=-8)}"], None
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
+        if cls == "special-file" and kind == "outside" and outcome != "hang":
+            problems += leaked(target, case / "exported", rng.choice(["safetensors", "gguf"]))
         if cls == "gguf-offsets":  # a table llama.cpp refuses: one line naming the file, nothing else
             if outcome == "loaded":
                 problems.append("loaded a tensor table that llama.cpp refuses")

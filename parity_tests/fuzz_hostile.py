@@ -21,13 +21,17 @@ TEXT = "Hello world! The capital of France is Paris. café 🙂 1234"  # what ev
 # ---------------------------------------------------------------------------------------------------
 # special-file: side files (or the GGUF file) that are not regular files
 
-SPECIAL_KINDS = ("fifo", "devzero", "dangling", "selfloop", "folder")
+SPECIAL_KINDS = ("fifo", "devzero", "dangling", "selfloop", "folder", "outside", "garbage")
+# what a link out of a folder points at, which must never land in an export: a JSON object and a template
+# alike, so that any side file could take it
+SECRET = b'{"fuzz-secret-7f3a": "a user\'s file outside the checkpoint"}'
 SIDE_FILES = ("config.json", "tokenizer_config.json", "tokenizer.json", "vocab.json", "merges.txt")
 ABSENT_SIDE_FILES = ("special_tokens_map.json", "chat_template.jinja", "chat_template.json")  # made where none is
 
 
-def make_special(path: Path, kind: str) -> None:
-    """``path`` (removed first) as a FIFO, a link to /dev/zero, a link to nothing, a link to itself, or a folder."""
+def make_special(path: Path, kind: str, rng: random.Random | None = None) -> None:
+    """``path`` (removed first) as a FIFO, a link to /dev/zero, a link to nothing, a link to itself, a folder,
+    a link to a file outside its folder holding ``SECRET`` (made beside the folder), or random bytes."""
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path)
     elif os.path.lexists(path):
@@ -40,6 +44,13 @@ def make_special(path: Path, kind: str) -> None:
         os.symlink(path.with_name(path.name + ".gone"), path)
     elif kind == "selfloop":
         os.symlink(path.name, path)
+    elif kind == "outside":
+        secret = path.parent.parent / "secret.txt"
+        secret.write_bytes(SECRET)
+        os.symlink(secret, path)
+    elif kind == "garbage":
+        rng = rng or random.Random(0)
+        path.write_bytes(bytes(rng.randrange(256) for _ in range(rng.choice([1, 17, 300, 5000]))))
     else:
         path.mkdir()
 
