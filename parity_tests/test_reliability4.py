@@ -493,3 +493,22 @@ def test_each_family_config_field_set_hostile_ends_in_one_line_or_a_trace(family
     print(f"\nfield fuzz of {source.name}:", result["summary"])
     assert result["failures"] == [], f"{len(result['failures'])} failures:\n" + "\n".join(result["failures"][:8])
     assert result["summary"].get("error") and result["summary"].get("traced")
+
+
+def test_a_hostile_reference_file_ends_in_a_stated_verdict_or_one_line(recorded, tmp_path):
+    """Item 6: a recorded reference with a metadata value removed or replaced, a tensor removed or given NaN,
+    inf, zeros, huge values, another dtype or shape, ids past the vocabulary, or the file cut
+    (fuzz_references.py): a verdict that says what the file lacks, or one line naming the file."""
+    import json
+    import subprocess
+    import sys
+    folder, ref = recorded
+    script = Path(__file__).with_name("fuzz_references.py")
+    r = subprocess.run([sys.executable, str(script), str(tmp_path), str(folder), str(ref)], capture_output=True,
+                       text=True, timeout=600, cwd=script.parent)
+    lines = r.stdout.strip().splitlines()
+    assert lines and lines[-1].startswith("{"), f"exit status {r.returncode}:\n{r.stderr[-3000:]}"
+    result = json.loads(lines[-1])
+    print("\nreference fuzz:", result["summary"], result["verdicts"])
+    assert result["failures"] == [], f"{len(result['failures'])} failures:\n" + "\n".join(result["failures"][:8])
+    assert result["summary"]["refused"] > 100 and "prompt0/ids zeros" in result["verdicts"]["failed"]

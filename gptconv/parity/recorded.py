@@ -112,6 +112,10 @@ def check_recorded(path: Path, runs: Runs) -> None:
                 if t.dtype != want:
                     raise where(path, f"the {run} run of '{name}': step '{step}' is stored as "
                                       f"{str(t.dtype).removeprefix('torch.')}, not {str(want).removeprefix('torch.')}")
+                if run in ("float64", "float32") and not torch.isfinite(t).all():  # bf16 / f16 may overflow
+                    raise where(path, f"the {run} run of '{name}' holds NaN or Inf at '{step}': "
+                                      + ("no truth to judge by" if run == "float64" else
+                                         "no reference error to calibrate by") + "; record it again")
     truth = runs["float64"]
     for run, records in runs.items():
         if run == "float64":
@@ -142,11 +146,15 @@ def weight_hashes(files: list[Path]) -> dict[str, str]:
 
 
 def coverage_notes(path: Path, inputs: dict[str, torch.Tensor], runs: Runs, meta: dict[str, str],
-                   expected_inputs: dict[str, int], expected_steps: set[str], files: list[Path]) -> list[str]:
+                   expected_ids: dict[str, torch.Tensor], expected_steps: set[str], files: list[Path]) -> list[str]:
     """What the verdict must say about the file: weights other than the source's, fewer inputs, positions or
-    steps than verify compares by default."""
+    steps than verify compares by default, prompts whose ids are not what the source's tokenizer gives."""
+    expected_inputs = {n: ids.shape[1] for n, ids in expected_ids.items()}
     notes = []
-    recorded = json.loads(meta.get("weights", "null") or "null")
+    try:
+        recorded = json.loads(meta.get("weights", "null") or "null")
+    except ValueError:
+        raise where(path, "its list of the weights it was recorded from is not JSON") from None
     if not isinstance(recorded, dict):
         notes.append(f"{path.name} does not say which weights it was recorded from: nothing ties it to this source")
     elif recorded != (ours := weight_hashes(files)):
@@ -159,6 +167,12 @@ def coverage_notes(path: Path, inputs: dict[str, torch.Tensor], runs: Runs, meta
     if missing:
         notes.append(f"covers {len(expected_inputs) - len(missing)} of verify's {len(expected_inputs)} inputs "
                      f"(no {', '.join(missing)})")
+    for n in (n for n, ids in expected_ids.items() if n.startswith("prompt") and n in inputs):
+        theirs = inputs[n][:, :expected_ids[n].shape[1]]
+        if theirs.shape != expected_ids[n][:, :theirs.shape[1]].shape or \
+                not torch.equal(theirs.long(), expected_ids[n][:, :theirs.shape[1]].long()):
+            notes.append(f"its input '{n}' holds other token ids than this source's tokenizer gives for verify's "
+                         f"{n}: recorded with another tokenizer, or altered")
     for n in short:
         notes.append(f"its input '{n}' has {inputs[n].shape[1]:,} of the {expected_inputs[n]:,} positions verify compares")
     steps = set().union(*(s.keys() for s in runs["float64"].values()))

@@ -107,7 +107,7 @@ def _against_recorded(src: Source, source: str | Path, revision: str | None, pat
         raise where(path, f"records no {name} run of the reference; record one with `gptconv reference --dtype {name}`")
     check_against(path, inputs, runs, src.config, None)
     check_recorded(path, runs)
-    expected = {n: ids.shape[1] for n, ids in verify_inputs(src, None, 0).items()}
+    expected = verify_inputs(src, None, 0)
     notes = coverage_notes(path, inputs, runs, meta, expected, set(expand(reference_taps(src), src.config.n_layers)),
                            src.files)
     stream = plan_stream(src, dt, device, blockwise, inputs, "recorded", held=path.stat().st_size)
