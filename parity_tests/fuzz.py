@@ -56,6 +56,7 @@ import threading
 import time
 import traceback
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 from fuzz_hostile import (ABSENT_SIDE_FILES, KEY_TABLE_KINDS, KEY_TABLE_ORDER, SECRET, SIDE_FILES, SPECIAL_KINDS,
@@ -132,6 +133,32 @@ class CaseHang(BaseException):
 
 def _alarm(signum, frame):
     raise CaseHang()
+
+
+def one_case(label: str, run: Callable[[], object], named: tuple[str, ...], failures: list[str]) -> tuple[str, object]:
+    """Run a case of fuzz_fields.py or fuzz_references.py in TIME_LIMIT: ("done", what ``run`` returned),
+    ("error", None) for a GptconvError in one line naming one of ``named``, or "hang" / "other"; each
+    way it went wrong added to ``failures``."""
+    from gptconv.errors import GptconvError
+    start, result = time.monotonic(), None
+    try:
+        signal.setitimer(signal.ITIMER_REAL, TIME_LIMIT)
+        result, outcome = run(), "done"
+    except CaseHang:
+        outcome = "hang"
+        failures.append(f"{label}: did not end in {TIME_LIMIT:g}s")
+    except GptconvError as e:
+        outcome = "error"
+        if "\n" in str(e) or not any(n in str(e) for n in named):
+            failures.append(f"{label}: refused in more than one line or without naming the file: {e}")
+    except BaseException as e:  # noqa: BLE001 - the point is to catch anything
+        outcome = "other"
+        failures.append(f"{label}: {type(e).__name__}: {str(e)[:300]}\n{traceback.format_exc(limit=-6)}")
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+    if time.monotonic() - start > TIME_LIMIT and outcome != "hang":
+        failures.append(f"{label}: took {time.monotonic() - start:.1f}s")
+    return outcome, result
 
 
 def exercise(target: Path, text: str, tokenizer: bool, refusals: list[str] | None = None) -> tuple[str, list[str]]:

@@ -15,14 +15,12 @@ import math
 import resource
 import signal
 import sys
-import time
-import traceback
 from pathlib import Path
 
 import numpy as np
 from gguf import GGUFReader, GGUFValueType
 
-from fuzz import MEMORY_LIMIT, TIME_LIMIT, CaseHang, _alarm
+from fuzz import MEMORY_LIMIT, _alarm, one_case
 
 UNSIGNED = {GGUFValueType.UINT8: 8, GGUFValueType.UINT16: 16, GGUFValueType.UINT32: 32, GGUFValueType.UINT64: 64}
 SIGNED = (GGUFValueType.INT8, GGUFValueType.INT16, GGUFValueType.INT32, GGUFValueType.INT64)
@@ -162,32 +160,14 @@ def patch(data: bytes, dst: Path, places: list[tuple[int, np.ndarray]], value) -
 def main(workdir: Path, files: list[Path]) -> dict:
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
     import gptconv
-    from gptconv.errors import GptconvError
     signal.signal(signal.SIGALRM, _alarm)
     summary: dict[str, int] = {}
     failures: list[str] = []
     for src in files:
         for label, named, make in all_cases(workdir, src):
             target = make()
-            start = time.monotonic()
-            try:
-                signal.setitimer(signal.ITIMER_REAL, TIME_LIMIT)
-                gptconv.trace(target, ids=[1, 2])
-                outcome = "traced"
-            except CaseHang:
-                outcome = "hang"
-                failures.append(f"{label}: did not end in {TIME_LIMIT:g}s")
-            except GptconvError as e:
-                outcome = "error"
-                if "\n" in str(e) or named not in str(e) and str(target) not in str(e):
-                    failures.append(f"{label}: refused in more than one line or without naming the file: {e}")
-            except BaseException as e:  # noqa: BLE001 - the point is to catch anything
-                outcome = "other"
-                failures.append(f"{label}: {type(e).__name__}: {str(e)[:300]}\n{traceback.format_exc(limit=-6)}")
-            finally:
-                signal.setitimer(signal.ITIMER_REAL, 0)
-            if time.monotonic() - start > TIME_LIMIT and outcome != "hang":
-                failures.append(f"{label}: took {time.monotonic() - start:.1f}s")
+            outcome, _ = one_case(label, lambda: gptconv.trace(target, ids=[1, 2]), (named, str(target)), failures)
+            outcome = "traced" if outcome == "done" else outcome
             summary[outcome] = summary.get(outcome, 0) + 1
     return {"summary": summary, "failures": failures}
 

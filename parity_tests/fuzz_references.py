@@ -12,14 +12,12 @@ import resource
 import signal
 import struct
 import sys
-import time
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from fuzz import MEMORY_LIMIT, TIME_LIMIT, CaseHang, _alarm
+from fuzz import MEMORY_LIMIT, _alarm, one_case
 
 META = {"arch": ["gpt2x", ""], "weights": ["{}", "not json", '{"model.safetensors": "00"}'],
         "inputs": ["[]", '["nope"]', "[1, 2]", "{"], "gptconv_reference": ["99", ""], "source": [""],
@@ -89,7 +87,6 @@ def cases(ref: Path, vocab: int):
 def main(workdir: Path, folder: Path, ref: Path) -> dict:
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
     import gptconv
-    from gptconv.errors import GptconvError
     signal.signal(signal.SIGALRM, _alarm)
     vocab = gptconv.open_source(folder).config.vocab_size
     summary: dict[str, int] = {}
@@ -98,28 +95,14 @@ def main(workdir: Path, folder: Path, ref: Path) -> dict:
     target = workdir / "case.safetensors"
     for label, write in cases(ref, vocab):
         write(target)
-        start = time.monotonic()
-        try:
-            signal.setitimer(signal.ITIMER_REAL, TIME_LIMIT)
-            report = gptconv.verify(folder, reference_file=target)
+        outcome, report = one_case(label, lambda: gptconv.verify(folder, reference_file=target), (target.name,),
+                                   failures)
+        if outcome == "done":
             outcome = "passed" if report.passed else "failed"
             if (said := next((n for k, n in MUST_SAY.items() if label.startswith(k)), None)) and \
                     not any(said in note for note in report.notes):
                 failures.append(f"{label}: a verdict whose notes do not say '{said}': {report.notes}")
-        except CaseHang:
-            outcome = "hang"
-            failures.append(f"{label}: did not end in {TIME_LIMIT:g}s")
-        except GptconvError as e:
-            outcome = "refused"
-            if "\n" in str(e) or target.name not in str(e):
-                failures.append(f"{label}: refused in more than one line or without naming the file: {e}")
-        except BaseException as e:  # noqa: BLE001 - the point is to catch anything
-            outcome = "other"
-            failures.append(f"{label}: {type(e).__name__}: {str(e)[:300]}\n{traceback.format_exc(limit=-6)}")
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-        if time.monotonic() - start > TIME_LIMIT and outcome != "hang":
-            failures.append(f"{label}: took {time.monotonic() - start:.1f}s")
+        outcome = "refused" if outcome == "error" else outcome
         summary[outcome] = summary.get(outcome, 0) + 1
         if outcome in ("passed", "failed"):
             verdicts.setdefault(outcome, []).append(label)
