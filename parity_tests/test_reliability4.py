@@ -104,6 +104,27 @@ def test_force_replaces_only_what_it_saw_first(tmp_path):
 
 # --- 4. Every expansion a file drives is bounded by the tensor it applies to.
 
+@pytest.mark.parametrize("fmt", ["gguf", "safetensors"])
+def test_exports_racing_to_one_output_leave_one_whole_export(folder, tmp_path, fmt):
+    """Item 6: three exports of one folder started together to one output (two with --force, for which it
+    did not exist when they began): the first to finish writes it; each other refuses in one line, replacing
+    nothing it did not see; no partial is left; what is there is the model, whole."""
+    import subprocess
+    import sys
+    out = tmp_path / ("model.gguf" if fmt == "gguf" else "hf")
+    procs = [subprocess.Popen([sys.executable, "-m", "gptconv", "export", str(folder), "--format", fmt, "-o", str(out),
+                               *(["--force"] if i else [])], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(3)]
+    ends = [(p.wait(timeout=300), p.stderr.read()) for p in procs]
+    assert all(code in (0, 2) for code, _ in ends), ends
+    assert [code for code, _ in ends].count(0) == 1, ends
+    assert all(len(err.strip().splitlines()) == 1 and str(out) in err for code, err in ends if code == 2), ends
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([out.name, folder.name, "secret.txt"])
+    import torch
+    ours, theirs = gptconv.load(str(out)).state_dict(), gptconv.load(str(folder)).state_dict()
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+
+
 def test_an_fp8_block_larger_than_its_weight_allocates_no_more_than_the_weight():
     import torch
     from gptconv import memory
