@@ -10,11 +10,11 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
-import glob
 import hashlib
 import os
 import shutil
 import signal
+import time
 import stat
 import threading
 from collections.abc import Callable, Iterator
@@ -283,11 +283,25 @@ def _terminate_cleanly() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+# a killed export's temporary under another output name is removed once untouched this long (a running
+# export writes its own all the time; another machine's, on a shared folder, has a pid that means nothing here)
+STALE_SECONDS = 3600
+
+
 def _remove_stale_partials(out: Path) -> None:
-    """Temporary outputs left by exports that were killed (their process is gone) are removed."""
-    for tmp in out.parent.glob(f".{glob.escape(out.name)}.partial-*"):
+    """Temporary outputs left by exports that were killed (their process is gone) are removed: those of
+    this output at once, those of other names in its folder once an hour old (a name never reused)."""
+    now = time.time()
+    for tmp in out.parent.glob(".*.partial-*"):
         pid = tmp.name.rsplit("-", 1)[1].split(".")[0]  # .old after a swap, .f32 / .bf16 / .f16 an intermediate
-        if pid.isdigit() and not _alive(int(pid)):
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        mine = tmp.name.startswith(f".{out.name}.partial-")
+        try:
+            old = now - tmp.lstat().st_mtime > STALE_SECONDS
+        except OSError:
+            continue
+        if mine or old:
             _remove(tmp)
 
 

@@ -533,3 +533,16 @@ def test_a_hostile_reference_file_ends_in_a_stated_verdict_or_one_line(recorded,
     print("\nreference fuzz:", result["summary"], result["verdicts"])
     assert result["failures"] == [], f"{len(result['failures'])} failures:\n" + "\n".join(result["failures"][:8])
     assert result["summary"]["refused"] > 100 and "prompt0/ids zeros" in result["verdicts"]["failed"]
+
+
+def test_a_killed_exports_partial_under_a_name_never_reused_goes_once_an_hour_old(folder, tmp_path):
+    """LOW: a partial of another output name whose process is gone is removed by the next export into that
+    folder once an hour untouched; a fresh one (another machine's on a shared folder?) and a live one stay."""
+    old, fresh = tmp_path / ".other.gguf.partial-99999999", tmp_path / ".else.gguf.partial-99999998"
+    live = tmp_path / f".third.gguf.partial-{os.getpid()}"
+    for p in (old, fresh, live):
+        p.write_bytes(b"half")
+    for p in (old, live):
+        os.utime(p, (p.stat().st_atime - 7200, p.stat().st_mtime - 7200))
+    gptconv.export(str(folder), tmp_path / "model.gguf", "gguf")
+    assert not old.exists() and fresh.exists() and live.exists()
