@@ -233,16 +233,19 @@ def run_quantizer(path: Path, out: Path, ftype: str, failure: str) -> None:
     child = Path(__file__).with_name("quantizer_child.py")
     # Ctrl-C / SIGTERM deferred until the child is known: one acting while Popen still waits for the
     # child's exec would leave it running, orphaned (seen on a loaded machine)
-    with _deferred_stops() as came:
-        proc = subprocess.Popen([sys.executable, str(child), str(path), str(out), ftype, str(torch.get_num_threads())],
-                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                text=True, errors="replace")
+    # (the try encloses the deferral: a stop landing as the handlers come back, before a try after it, would
+    # skip the kill and leave the child to outlive us; once, under load, the suite found it alive after a Ctrl-C)
+    proc = None
     try:
+        with _deferred_stops() as came:
+            proc = subprocess.Popen([sys.executable, str(child), str(path), str(out), ftype,
+                                     str(torch.get_num_threads())], stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, errors="replace")
         for signum in came:  # now, with the child known, as its own handler would have
             signal.raise_signal(signum)
         _, err = proc.communicate()
     finally:
-        if proc.poll() is None:  # interrupted: stop it now, before the caller removes its files
+        if proc is not None and proc.poll() is None:  # interrupted: stop it now, before the caller removes its files
             proc.kill()
             proc.wait()
     if proc.returncode != 0:
