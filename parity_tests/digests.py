@@ -24,9 +24,15 @@ EXPORTS = [("hf-f32", "safetensors", "f32"), ("hf-bf16", "safetensors", "bf16"),
 
 def fixtures() -> dict[str, callable]:
     """Each fixture's name and a function making it in a folder."""
-    from fixtures import CONVERTER_FIXTURES, WRAPPER_FIXTURES, make_checkpoint, make_gemma3, make_wrapper
-    out = {name: (lambda d, t=t, v=v, k=k: make_checkpoint(d, t, v, k))
-           for name, (t, v, k) in CONVERTER_FIXTURES.items()}
+    import llama_cpp_tools
+    from fixtures import (CONVERTER_FIXTURES, WRAPPER_FIXTURES, make_checkpoint, make_converter_fixture, make_gemma3,
+                          make_wrapper)
+    from gptconv.demo import smollm2_gguf
+
+    def converter(d: Path, name: str) -> Path:
+        vocab = CONVERTER_FIXTURES[name][1]
+        return make_converter_fixture(d, name, smollm2_gguf() if vocab == "smollm2" else llama_cpp_tools.vocab_file(vocab))
+    out = {name: (lambda d, n=name: converter(d, n)) for name in CONVERTER_FIXTURES}
     for test in sorted(Path(__file__).parent.glob("test_family_*.py")):
         m = importlib.import_module(test.stem)
         if all(hasattr(m, a) for a in ("ARCH", "VOCAB", "SHAPE")):
