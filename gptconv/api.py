@@ -25,7 +25,7 @@ from .results import Result
 from .sources.files import JSON_LIMIT, read_text
 from .sources.hf_folder import open_hf_folder, read_safetensors, read_torch_bin
 from .tokenizer import Tokenizer, load_tokenizer, tokenizer_or_none
-from .tracing import Step, trace_steps
+from .tracing import StepStats, trace_steps
 from .writers import SHARD_BYTES, ExportSummary, export as write
 
 
@@ -84,7 +84,7 @@ class Trace(Result):
     arch: str
     config: object  # our config (GPT2Config or LlamaConfig)
     ids: list[int]
-    steps: list[Step]  # ids first, logits last
+    steps: list[StepStats]  # ids first, logits last
     top: list[tuple[int, str | None, float]]  # the next token's 5 likeliest: (id, text if a tokenizer, p)
 
 

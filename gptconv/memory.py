@@ -185,7 +185,10 @@ class Shape:
 
 
 def _d_ff(config: object) -> int:
-    return max(getattr(config, name, 0) or 0 for name in ("d_ff", "moe_d_ff", "shared_expert_d_ff"))
+    """The widest MLP a block holds: its dense one, an expert, a shared expert."""
+    e = getattr(config, "experts", None)  # a decoder's routed experts (``mlp.Experts``); Gemma 4 keeps its own
+    sizes = [getattr(config, "d_ff", 0), getattr(config, "moe_d_ff", 0), *((e.d_ff, e.shared_d_ff) if e else ())]
+    return max(n or 0 for n in sizes)
 
 
 def forward_bytes(s: Shape, length: int, itemsize: int, batch: int = 1, eager: bool = True) -> int:

@@ -11,7 +11,9 @@ from .streaming import model_device
 
 
 @dataclass(frozen=True)
-class Step:
+class StepStats:
+    """One traced step: its name, shape and statistics (the forward's own state is ``layers.step.Step``)."""
+
     name: str
     shape: tuple[int, ...]
     mean: float
@@ -20,13 +22,13 @@ class Step:
     max: float
 
 
-def _step(name: str, x: torch.Tensor) -> Step:
+def _step(name: str, x: torch.Tensor) -> StepStats:
     x = x.detach().float()
-    return Step(name, tuple(x.shape), x.mean().item(), x.std(correction=0).item(), x.min().item(), x.max().item())
+    return StepStats(name, tuple(x.shape), x.mean().item(), x.std(correction=0).item(), x.min().item(), x.max().item())
 
 
 @torch.no_grad()
-def trace_steps(model: nn.Module, ids: torch.Tensor) -> tuple[list[Step], torch.Tensor]:
+def trace_steps(model: nn.Module, ids: torch.Tensor) -> tuple[list[StepStats], torch.Tensor]:
     """Run ``model`` on ids (B, T); return its steps (ids first, logits last) and the logits."""
     steps = [_step("ids", ids)]
     logits = model(ids.to(model_device(model)), tap=lambda name, x: steps.append(_step(name, x)))

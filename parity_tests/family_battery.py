@@ -77,13 +77,25 @@ def plant(monkeypatch, **fields) -> None:
     """A planted fault: every LlamaConfig made from now on (in this test) has ``fields`` set as given,
     whatever its source says."""
     from gptconv.layers.decoder import LlamaConfig
-    real = LlamaConfig.__post_init__
+    plant_part(monkeypatch, LlamaConfig, **fields)
+
+
+def plant_part(monkeypatch, part: type, **fields) -> None:
+    """A planted fault in one part of a block: every ``part`` config (``mlp.Experts``, ``Multipliers``, …)
+    made from now on (in this test) has ``fields`` set as given, whatever its source says."""
+    real = part.__post_init__
 
     def planted(self):
         real(self)
         for name, value in fields.items():
             object.__setattr__(self, name, value)
-    monkeypatch.setattr(LlamaConfig, "__post_init__", planted)
+    monkeypatch.setattr(part, "__post_init__", planted)
+
+
+def plant_experts(monkeypatch, **fields) -> None:
+    """``plant_part`` of the routed experts (``mlp.Experts``)."""
+    from gptconv.layers.mlp import Experts
+    plant_part(monkeypatch, Experts, **fields)
 
 
 def test_logits_match_transformers_past_every_window(request, ckpt):
@@ -185,4 +197,5 @@ def test_presets_have_the_published_parameter_counts(request):
 
 
 __all__ = [name for name in dir() if name.startswith("test_")] + ["ckpt", "gguf_ckpt", "theirs", "ours_gguf", "FP32",
-                                                                    "plant"]
+                                                                    "plant", "plant_experts",
+                                                                    "plant_part"]

@@ -32,7 +32,7 @@ def test_fixtures_have_the_features_they_claim(families):
     cfg = {n: gptconv.open_source(families[n]).config for n in FAMILIES}
     assert cfg["mistral-swa"].sliding_window == 16 and cfg["phi3"].sliding_window == 20
     assert cfg["qwen3"].qk_norm and cfg["qwen3"].head_dim * cfg["qwen3"].n_heads != cfg["qwen3"].d_model
-    assert (cfg["mixtral"].n_experts, cfg["mixtral"].n_experts_used) == (4, 2)
+    assert (cfg["mixtral"].experts.count, cfg["mixtral"].experts.used) == (4, 2)
     assert {c.family for c in cfg.values()} == {"mistral", "qwen3", "phi3", "mixtral"}
 
 
@@ -178,8 +178,8 @@ def test_k_quants_from_llama_cpps_quantizer_load_and_match_llama_cpp(wide_famili
 
 
 @pytest.mark.parametrize("name,change,message", [
-    ("mixtral", {"num_experts_per_tok": 5}, "n_experts_used = 5 is not an integer in 1 … 4"),
-    ("mixtral", {"num_local_experts": 0}, "n_experts = 0 is not an integer"),
+    ("mixtral", {"num_experts_per_tok": 5}, "experts: used = 5 is not an integer in 1 … 4"),
+    ("mixtral", {"num_local_experts": 0}, "experts: count = 0 is not an integer"),
     ("mistral-swa", {"sliding_window": 0}, "field 'sliding_window' is 0; it must be at least 1"),
     ("qwen3", {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e6}},
      "rope_type 'dynamic' is not supported"),

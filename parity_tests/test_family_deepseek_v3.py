@@ -60,9 +60,9 @@ def test_planted_faults_fail_verify(ckpt, recorded, monkeypatch, fault):
                 self.correction = kept
         monkeypatch.setattr(mlp.MoE, "route", route)
     elif fault == "groups left out":
-        plant(monkeypatch, expert_groups=(1, 1))
+        plant_experts(monkeypatch, groups=(1, 1))
     elif fault == "routed scaling left out":
-        plant(monkeypatch, routed_scaling=1.0)
+        plant_experts(monkeypatch, scaling=1.0)
     else:
         from gptconv.layers.decoder import LlamaConfig
         real = LlamaConfig.__post_init__

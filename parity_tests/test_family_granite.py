@@ -22,15 +22,16 @@ PRESETS = {"granite-3.3-2b": 2_533_539_840}
 
 def test_the_multipliers_are_read(ckpt):
     c = gptconv.open_source(ckpt).config
-    assert (c.embedding_multiplier, c.residual_multiplier, c.attention_scale, c.logits_scaling) == \
-        (12.0, 0.22, 0.0078125, 8.0)
+    m = c.multipliers
+    assert (m.embedding, m.residual, m.attention, m.logits) == (12.0, 0.22, 0.0078125, 8.0)
 
 
-@pytest.mark.parametrize("field, step", [("embedding_multiplier", "block.0"), ("residual_multiplier", "block.0"),
-                                         ("attention_scale", "block.0"), ("logits_scaling", "logits")])
+@pytest.mark.parametrize("field, step", [("embedding", "block.0"), ("residual", "block.0"), ("attention", "block.0"),
+                                         ("logits", "logits")])
 def test_each_multiplier_dropped_fails_verify_where_it_acts(ckpt, monkeypatch, field, step):
     """A planted fault: one multiplier left at Llama's value (1, or head_dim^-½ for the attention). The
     token_embedding step is the lookup (HF's embed_tokens): a dropped embedding multiplier shows in block 0."""
-    plant(monkeypatch, **{field: None if field == "attention_scale" else 1.0})  # noqa: F405
+    from gptconv.layers.multipliers import Multipliers
+    plant_part(monkeypatch, Multipliers, **{field: None if field == "attention" else 1.0})  # noqa: F405
     report = gptconv.verify(str(ckpt), length=24)
     assert not report.passed and report.first_divergent_step.startswith(step), report.first_divergent_step

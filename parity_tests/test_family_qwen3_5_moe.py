@@ -29,7 +29,7 @@ PRESETS = {"qwen3.6-35b-a3b": 34_660_610_688}
 def test_the_preset_activates_3_45b():
     from gptconv.models import PRESETS as ALL
     c = ALL["qwen3.6-35b-a3b"]
-    unused = c.n_layers * (c.n_experts - c.n_experts_used) * 3 * c.d_model * (c.moe_d_ff or c.d_ff)
+    unused = c.n_layers * (c.experts.count - c.experts.used) * 3 * c.d_model * (c.experts.d_ff or c.d_ff)
     assert f"{(PRESETS['qwen3.6-35b-a3b'] - unused) / 1e9:.2f}" == "3.45"
 
 

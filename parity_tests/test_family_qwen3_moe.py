@@ -33,7 +33,7 @@ PRESETS = {"qwen3-30b-a3b": 30_532_122_624}
 def test_the_preset_activates_3_3b_without_its_embeddings_29_9b():
     from gptconv.models import PRESETS as ALL
     c = ALL["qwen3-30b-a3b"]
-    unused = c.n_layers * (c.n_experts - c.n_experts_used) * 3 * c.d_model * c.moe_d_ff
+    unused = c.n_layers * (c.experts.count - c.experts.used) * 3 * c.d_model * c.experts.d_ff
     assert f"{(PRESETS['qwen3-30b-a3b'] - unused) / 1e9:.3f}" == "3.353"  # the card's 3.3B, truncated
     assert f"{(PRESETS['qwen3-30b-a3b'] - 2 * c.vocab_size * c.d_model) / 1e9:.1f}" == "29.9"
 
@@ -41,7 +41,7 @@ def test_the_preset_activates_3_3b_without_its_embeddings_29_9b():
 def test_the_dense_layer_and_the_unnormalised_weights_are_read(ckpt):
     c = gptconv.open_source(ckpt).config
     assert [c.experts_at(i) for i in range(3)] == [True, False, True]
-    assert not c.norm_topk_prob and c.moe_d_ff == 32 and c.d_ff == 128 and c.sliding_window == 12
+    assert not c.experts.renormalise and c.experts.d_ff == 32 and c.d_ff == 128 and c.sliding_window == 12
 
 
 def test_llama_cpps_qwen3moe_has_no_place_for_dense_layers_unnormalised_weights_or_a_window(ckpt, tmp_path):
@@ -62,7 +62,7 @@ def test_the_experts_saved_fused_are_read_alike(ckpt, tmp_path):
 
 def test_renormalised_weights_fail_verify_at_the_first_expert_layer(ckpt, monkeypatch):
     """A planted fault: the chosen experts' weights renormalised where the config says not."""
-    plant(monkeypatch, norm_topk_prob=True)
+    plant_experts(monkeypatch, renormalise=True)
     report = gptconv.verify(str(ckpt), length=24)
     assert not report.passed and report.first_divergent_step.startswith("block.0"), report.first_divergent_step
 

@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 
 from gptconv.bench.moe import mixing, scan_per_expert
-from gptconv.layers.mlp import GeGLU, MoE, SwiGLU, mix_experts
+from gptconv.layers.mlp import Experts, GeGLU, MoE, SwiGLU, mix_experts
 
 E, D, D_FF = 64, 37, 19  # an odd width: rows of x that do not start on the allocator's alignment round differently
 
@@ -46,7 +46,7 @@ def test_grouped_mixing_is_the_scan_to_the_bit(expert, dtype, n, k):
 def test_moe_layer_is_the_same_bits(dtype, shared_d_ff, T):
     """The whole layer (router, top-k, mixing, shared expert), as the models call it."""
     torch.manual_seed(T)
-    layer = MoE(D, D_FF, E, 8, shared_d_ff=shared_d_ff).to(dtype).eval()
+    layer = MoE(D, D_FF, Experts(E, 8, shared_d_ff=shared_d_ff)).to(dtype).eval()
     x = torch.randn(2, T, D).to(dtype)
     with torch.inference_mode():
         got = layer(x)

@@ -26,7 +26,7 @@ import torch.nn as nn
 
 from ..devices import parse_device
 from ..layers import mlp
-from ..layers.mlp import MoE
+from ..layers.mlp import Experts, MoE
 
 
 def scan_per_expert(x: torch.Tensor, experts: nn.ModuleList, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
@@ -88,7 +88,7 @@ def bench(d_model: int, d_ff: int, n_experts: int, top_k: int, tokens: list[int]
     """The rows: per dtype, prefill at each T (calls enough for ~256 tokens a round) and decode over ``steps``."""
     rows = []
     for dtype in dtypes:
-        layer = MoE(d_model, d_ff, n_experts, top_k).to(device, dtype).eval()
+        layer = MoE(d_model, d_ff, Experts(n_experts, top_k)).to(device, dtype).eval()
         g = torch.Generator().manual_seed(0)
         cases = [(f"prefill T={t}", [torch.randn(1, t, d_model, generator=g)] * max(2, 256 // t)) for t in tokens]
         cases.append((f"decode T=1, {steps} steps", [torch.randn(1, 1, d_model, generator=g) for _ in range(steps)]))

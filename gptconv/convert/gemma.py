@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gguf import Keys, RopeScalingType
 
@@ -25,6 +25,10 @@ from .hf_config import ConfigFields, build_config
 from .hf_decoder import rope_from_hf
 from .gguf_decoder import NORM_PLUS_ONE
 from .keymap import KeyMap, Map, TensorInfo, Tied
+
+if TYPE_CHECKING:
+    from gguf import GGUFWriter
+    from ..sources.gguf_file import GGUFFields
 
 GELU_TANH = "gelu_pytorch_tanh"
 LLAMA_CPP_SOFTCAPS = (50.0, 30.0)  # llama.cpp's (attention, final) caps where a file that caps says none
@@ -242,7 +246,7 @@ def llama_cpp_query_scalar(fmt: GemmaFormat, n_layers: int, d_model: int, n_head
     return d_model / n_heads if n_layers == fmt.llama_cpp_27b_layers else float(head_dim)
 
 
-def gemma_config_from_gguf(fmt: GemmaFormat, f: Any, tensors: dict[str, TensorInfo]) -> GemmaConfig:
+def gemma_config_from_gguf(fmt: GemmaFormat, f: GGUFFields, tensors: dict[str, TensorInfo]) -> GemmaConfig:
     heads = f.get(Keys.Attention.HEAD_COUNT, int)
     d = f.get(Keys.LLM.EMBEDDING_LENGTH, int)
     n_layers = block_count(f, tensors)
@@ -312,7 +316,7 @@ def query_scale_to_write(fmt: GemmaFormat, c: GemmaConfig) -> float | None:
     return None if math.isclose(assumed, c.query_pre_attn_scalar, rel_tol=1e-6) else c.query_pre_attn_scalar**-0.5
 
 
-def gemma_gguf_metadata(fmt: GemmaFormat, w: Any, cfg: GemmaConfig) -> None:
+def gemma_gguf_metadata(fmt: GemmaFormat, w: GGUFWriter, cfg: GemmaConfig) -> None:
     """What llama.cpp's converter writes (its TextModel's keys, then the Gemma model's): no vocab_size, no
     rope dimension; the window (llama.cpp places the global layers itself). Gemma 3: both RoPE bases, the
     final cap where there is one. Gemma 2: the two caps; no RoPE base (written here only where it is not

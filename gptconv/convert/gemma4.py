@@ -7,7 +7,7 @@ layers their own K/V head count only where ``attention_k_eq_v``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from gguf import Keys
@@ -17,9 +17,13 @@ from ..layers.gemma import FULL, SLIDING
 from ..layers.gemma4 import Gemma4Config
 from .gemma import GELU_TANH, _layer_types
 from .hf_config import ConfigFields, build_config
-from .hf_decoder import _experts_gate_up
+from .hf_decoder import experts_gate_up
 from .gguf_meta import T, block_count, gguf_config, gguf_name
 from .keymap import Drop, Fused, KeyMap, Map, Stacked, TensorInfo, Tied
+
+if TYPE_CHECKING:
+    from gguf import GGUFWriter
+    from ..sources.gguf_file import GGUFFields
 
 _PROPORTIONAL = "proportional"
 
@@ -169,7 +173,7 @@ def _experts(c: Gemma4Config) -> list:
         return []
     return [Fused("model.layers.{i}.experts.gate_up_proj",
                   [f"blocks.{{i}}.experts.experts.{j}.{w}.weight" for j in range(c.n_experts) for w in ("gate", "up")],
-                  _experts_gate_up(c)),
+                  experts_gate_up(lambda c: c.moe_d_ff or c.d_ff)),
             Stacked("model.layers.{i}.experts.down_proj", "blocks.{i}.experts.experts.{j}.down.weight",
                     lambda c: c.n_experts)]
 
@@ -233,7 +237,7 @@ _GGUF_LAYER = [  # (llama.cpp's tensor, part, ours under blocks.{i})
 def gemma4_gguf_keymap(c: Gemma4Config) -> KeyMap:
     experts = [Fused(gguf_name(T.FFN_GATE_UP_EXP),
                      [f"blocks.{{i}}.experts.experts.{j}.{w}.weight" for j in range(c.n_experts) for w in ("gate", "up")],
-                     _experts_gate_up(c)),
+                     experts_gate_up(lambda c: c.moe_d_ff or c.d_ff)),
                Stacked(gguf_name(T.FFN_DOWN_EXP), "blocks.{i}.experts.experts.{j}.down.weight",
                        lambda c: c.n_experts)] if c.n_experts else []
     return KeyMap("gemma4 (GGUF)", [
@@ -255,7 +259,7 @@ def gemma4_gguf_tensors(c: Gemma4Config) -> list[tuple[str, torch.Tensor]]:
     return [(gguf_name(T.ROPE_FREQS), torch.tensor([1.0] * rotated + [1e30] * (c.global_head_dim // 2 - rotated)))]
 
 
-def gemma4_gguf_metadata(w: Any, c: Gemma4Config) -> None:
+def gemma4_gguf_metadata(w: GGUFWriter, c: Gemma4Config) -> None:
     """What llama.cpp's converter writes for gemma4, in its order."""
     w.add_block_count(c.n_layers)
     w.add_context_length(c.context_length)
@@ -286,7 +290,7 @@ def gemma4_gguf_metadata(w: Any, c: Gemma4Config) -> None:
     w.add_rope_dimension_count_swa(c.head_dim)
 
 
-def gemma4_config_from_gguf(f: Any, tensors: dict[str, TensorInfo]) -> Gemma4Config:
+def gemma4_config_from_gguf(f: GGUFFields, tensors: dict[str, TensorInfo]) -> Gemma4Config:
     """A config from llama.cpp's gemma4 metadata and ``rope_freqs`` (how much of the global head rotates)."""
     n = block_count(f, tensors)
     sliding = f.get(Keys.Attention.SLIDING_WINDOW_PATTERN, list, None)
@@ -328,7 +332,7 @@ def gemma4_config_from_gguf(f: Any, tensors: dict[str, TensorInfo]) -> Gemma4Con
         moe_d_ff=f.get(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, int, 0) if experts else 0, family="gemma4")
 
 
-def _per_layer(f: Any, key: str, n: int) -> list[int]:
+def _per_layer(f: GGUFFields, key: str, n: int) -> list[int]:
     """A key that holds one positive integer, or one per layer."""
     value = f.get(key, object)
     values = value if isinstance(value, list) else [value]

@@ -5,19 +5,24 @@ writes. A family file passes what is its own."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from gguf import Keys, RopeScalingType
 
 from ..errors import GptconvError, where
 from ..layers.decoder import LlamaConfig
+from ..layers.mlp import Experts
 from ..layers.rope import RopeScaling
 from .gguf_meta import T, gguf_config, gguf_name
 from .keymap import Drop, KeyMap, Map, Rule, Stacked, TensorInfo, Tied, Transform
 
+if TYPE_CHECKING:
+    from gguf import GGUFWriter
+    from ..sources.gguf_file import GGUFFields
 
-def decoder_config_from_gguf(f: Any, tensors: dict[str, TensorInfo], family: str, fused_qkv: bool = False,
+
+def decoder_config_from_gguf(f: GGUFFields, tensors: dict[str, TensorInfo], family: str, fused_qkv: bool = False,
                              partial_rotary: bool = False, n_kv_heads: int | None = None,
                              **specific: Any) -> LlamaConfig:
     """A config from the metadata every architecture of the decoder has; biases are those present in
@@ -53,18 +58,19 @@ def decoder_config_from_gguf(f: Any, tensors: dict[str, TensorInfo], family: str
     )
 
 
-def experts_of(f: Any) -> dict[str, int]:
-    """The routed experts a file declares: n_experts and n_experts_used, or nothing."""
+def experts_of(f: GGUFFields, **fields: Any) -> dict[str, Experts]:
+    """The routed experts a file declares (their count and how many a token uses, and the family's other
+    ``fields`` of ``Experts``) as the config's ``experts``, or nothing."""
     n = f.get(Keys.LLM.EXPERT_COUNT, int, 0)
-    return dict(n_experts=n, n_experts_used=f.get(Keys.LLM.EXPERT_USED_COUNT, int, 0)) if n else {}
+    return dict(experts=Experts(n, f.get(Keys.LLM.EXPERT_USED_COUNT, int, 0), **fields)) if n else {}
 
 
-def refuse_experts(f: Any) -> None:
+def refuse_experts(f: GGUFFields) -> None:
     if f.get(Keys.LLM.EXPERT_COUNT, int, 0):
         raise where(f.path, f"mixture-of-experts '{f.arch}' models are not supported")
 
 
-def window_of(f: Any) -> int | None:
+def window_of(f: GGUFFields) -> int | None:
     return f.get(Keys.Attention.SLIDING_WINDOW, int, 0) or None  # 0: none
 
 
@@ -76,7 +82,7 @@ def _factors(tensors: dict[str, TensorInfo], name: str, n: int) -> tuple[float, 
     return tuple(factors)
 
 
-def _rope_scaling(f: Any, tensors: dict[str, TensorInfo], rope_dim: int, log_mul: bool = False) -> RopeScaling | None:
+def _rope_scaling(f: GGUFFields, tensors: dict[str, TensorInfo], rope_dim: int, log_mul: bool = False) -> RopeScaling | None:
     """``rope_dim``: the dimensions of each head RoPE rotates; ``log_mul``: see ``yarn_of``."""
     scaling = None
     kind = f.get(Keys.Rope.SCALING_TYPE, str, "none")
@@ -100,7 +106,7 @@ def _rope_scaling(f: Any, tensors: dict[str, TensorInfo], rope_dim: int, log_mul
     return scaling
 
 
-def yarn_of(f: Any, log_mul: bool = False) -> RopeScaling:
+def yarn_of(f: GGUFFields, log_mul: bool = False) -> RopeScaling:
     """YaRN as llama.cpp runs a file: cos and sin × (0.1·ln factor + 1) × rope.scaling.attn_factor (it
     recomputes the attention factor, whatever yarn_attn_factor says). DeepSeek's yarn_log_mul (0.1 ×
     mscale_all_dim) only where the family reads it (``log_mul``: its attention scale holds it; llama.cpp's
@@ -118,7 +124,7 @@ def yarn_of(f: Any, log_mul: bool = False) -> RopeScaling:
                        beta_slow=f.get(Keys.Rope.SCALING_YARN_BETA_SLOW, float, 1.0))
 
 
-def add_yarn_scaling(w: Any, cfg: LlamaConfig, rounds_ramp: bool = False, attn_factor: bool = True) -> None:
+def add_yarn_scaling(w: GGUFWriter, cfg: LlamaConfig, rounds_ramp: bool = False, attn_factor: bool = True) -> None:
     """YaRN as llama.cpp's converter writes it (the attention factor too, which llama.cpp recomputes: a
     factor other than 0.1·ln factor + 1 is refused, since llama.cpp would not run it). llama.cpp rounds the
     ramp's edges out to whole dimensions: a config that does not is refused, unless ``rounds_ramp`` says the
@@ -162,7 +168,7 @@ _LAYER = [  # (llama.cpp's tensor, ours, transform where permuted), weight and b
 ]
 EXPERTS = [  # the router, and every expert of a layer stacked in one tensor per matrix
     Map(gguf_name(T.FFN_GATE_INP), "blocks.{i}.mlp.router.weight"),
-    *(Stacked(gguf_name(src), f"blocks.{{i}}.mlp.experts.{{j}}.{dst}.weight", lambda c: c.n_experts)
+    *(Stacked(gguf_name(src), f"blocks.{{i}}.mlp.experts.{{j}}.{dst}.weight", lambda c: c.experts.count)
       for src, dst in ((T.FFN_GATE_EXP, "gate"), (T.FFN_UP_EXP, "up"), (T.FFN_DOWN_EXP, "down"))),
 ]
 QK_NORM = [Map(gguf_name(T.ATTN_Q_NORM), "blocks.{i}.attn.q_norm.weight"),
@@ -207,7 +213,7 @@ def decoder_gguf_keymap(config: LlamaConfig, arch: str, layer: list[Rule], final
     ])
 
 
-def add_decoder_hparams(w: Any, cfg: LlamaConfig, *, vocab_size: bool = False, rope_dims: bool = False,
+def add_decoder_hparams(w: GGUFWriter, cfg: LlamaConfig, *, vocab_size: bool = False, rope_dims: bool = False,
                         original_context: bool = False, has: frozenset[str] = frozenset(), arch: str = "",
                         feed_forward: bool = True, kv_heads: int | list[int] | None = None) -> None:
     """The hyperparameters llama.cpp's converter writes for every architecture of the decoder, in its
@@ -238,12 +244,12 @@ def add_decoder_hparams(w: Any, cfg: LlamaConfig, *, vocab_size: bool = False, r
     if rope_dims:
         w.add_rope_dimension_count(cfg.rope_dim or cfg.head_dim)
     w.add_rope_freq_base(cfg.rope_theta)
-    if cfg.n_experts:
-        w.add_expert_count(cfg.n_experts)
-        w.add_expert_used_count(cfg.n_experts_used)
+    if cfg.experts:
+        w.add_expert_count(cfg.experts.count)
+        w.add_expert_used_count(cfg.experts.used)
 
 
-def add_llama_hparams(w: Any, cfg: LlamaConfig, key_length_always: bool) -> None:
+def add_llama_hparams(w: GGUFWriter, cfg: LlamaConfig, key_length_always: bool) -> None:
     """What llama.cpp's converter writes for its ``llama`` architecture (Llama, Mistral, Mixtral): the
     vocabulary size and the rope dimension too, and the window kept (see ``add_window``)."""
     add_decoder_hparams(w, cfg, vocab_size=True, rope_dims=True)
@@ -252,7 +258,7 @@ def add_llama_hparams(w: Any, cfg: LlamaConfig, key_length_always: bool) -> None
     add_linear_scaling(w, cfg)
 
 
-def add_window(w: Any, cfg: LlamaConfig, arch: str, kept: bool) -> None:
+def add_window(w: GGUFWriter, cfg: LlamaConfig, arch: str, kept: bool) -> None:
     """A window on every layer: ``kept`` where the architecture has none in llama.cpp but the key is written
     so that reading the file back keeps it (llama.cpp ignores it); else refused."""
     if cfg.sliding_window is not None:
@@ -263,14 +269,14 @@ def add_window(w: Any, cfg: LlamaConfig, arch: str, kept: bool) -> None:
         w.add_sliding_window(cfg.sliding_window)
 
 
-def add_key_length(w: Any, cfg: LlamaConfig, always: bool) -> None:
+def add_key_length(w: GGUFWriter, cfg: LlamaConfig, always: bool) -> None:
     """The key/value length where config.json has head_dim: ``always``, or where it is not d / heads."""
     if always or cfg.head_dim != cfg.d_model // cfg.n_heads:
         w.add_key_length(cfg.head_dim)
         w.add_value_length(cfg.head_dim)
 
 
-def add_linear_scaling(w: Any, cfg: LlamaConfig) -> None:
+def add_linear_scaling(w: GGUFWriter, cfg: LlamaConfig) -> None:
     if cfg.rope_scaling is not None and cfg.rope_scaling.kind == "linear":
         w.add_rope_scaling_type(RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(cfg.rope_scaling.factor)

@@ -16,7 +16,7 @@ The full-attention layers' ``attn_q`` holds q and the output gate interleaved pe
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from gguf import Keys
@@ -31,10 +31,14 @@ from .hf_hybrid import per_head
 from .keymap import Fused, KeyMap, Map, Rule, Tied, Transform
 from .mtp import mtp_gguf_rows
 
+if TYPE_CHECKING:
+    from gguf import GGUFWriter
+    from ..sources.gguf_file import GGUFFields
+
 MROPE_SECTIONS = [11, 11, 10, 0]  # llama.cpp's qwen35 requires them; for text any sections are plain RoPE
 
 
-def add_mrope_sections(w: Any, c: LlamaConfig, arch: str) -> None:
+def add_mrope_sections(w: GGUFWriter, c: LlamaConfig, arch: str) -> None:
     """The M-RoPE sections llama.cpp's qwen35 requires (the converter's default): llama.cpp asserts (and
     aborts the process) when they add up to more than head_dim, so such a model is refused."""
     if sum(MROPE_SECTIONS) > c.head_dim:
@@ -106,7 +110,7 @@ def hybrid_gguf_keymap(c: LlamaConfig, arch: str, tiled: bool) -> KeyMap:
     """Every row of a Qwen hybrid file: norms (1 + w), the gated attention (q and gate interleaved in
     ``attn_q``), the linear layers, and a dense MLP or routed experts with the shared one."""
     plus_one = lambda tensor, ours: Map(gguf_name(tensor), ours, NORM_PLUS_ONE)  # noqa: E731
-    mlp = ([*EXPERTS, *SHARED_EXPERT] if c.n_experts else
+    mlp = ([*EXPERTS, *SHARED_EXPERT] if c.experts else
            [Map(gguf_name(src), f"blocks.{{i}}.mlp.{dst}.weight")
             for src, dst in ((T.FFN_GATE, "gate"), (T.FFN_UP, "up"), (T.FFN_DOWN, "down"))])
     q_and_gate = per_head("q and gate per head", lambda c: (c.n_heads, [c.head_dim, c.head_dim]))
@@ -128,9 +132,11 @@ def hybrid_gguf_keymap(c: LlamaConfig, arch: str, tiled: bool) -> KeyMap:
     ])
 
 
-def hybrid_config_from_gguf(f: Any, tensors: dict, family: str, **specific: Any) -> LlamaConfig:
+def hybrid_config_from_gguf(f: GGUFFields, tensors: dict, family: str, experts: dict[str, Any] | None = None,
+                            **specific: Any) -> LlamaConfig:
     """A Qwen hybrid's config: which layers are linear (``attention.recurrent_layers``, else every
-    ``full_attention_interval``-th is full) and the linear layers' sizes from the ``ssm`` keys."""
+    ``full_attention_interval``-th is full) and the linear layers' sizes from the ``ssm`` keys; routed
+    experts where the file declares them, with the family's ``experts`` fields (of ``mlp.Experts``)."""
     blocks = block_count(f, tensors)
     nextn = f.get(Keys.LLM.NEXTN_PREDICT_LAYERS, int, 0)  # the last nextn blocks are MTP layers
     if not 0 <= nextn < blocks:
@@ -158,11 +164,12 @@ def hybrid_config_from_gguf(f: Any, tensors: dict, family: str, **specific: Any)
         raise where(f.path, str(e)) from None
     return decoder_config_from_gguf(
         f, tensors, family, partial_rotary=True, qk_norm=True, offset_norms=True, attention_gate=True,
-        layer_types=tuple(LINEAR if r else FULL for r in recurrent), linear_attention=shape, **experts_of(f),
+        layer_types=tuple(LINEAR if r else FULL for r in recurrent), linear_attention=shape,
+        **experts_of(f, **(experts or {})),
         n_layers=n, mtp_layers=nextn, **specific)
 
 
-def add_hybrid_hparams(w: Any, c: LlamaConfig, arch: str, has: frozenset[str], feed_forward: bool = True) -> None:
+def add_hybrid_hparams(w: GGUFWriter, c: LlamaConfig, arch: str, has: frozenset[str], feed_forward: bool = True) -> None:
     """What llama.cpp's converter writes for a Qwen hybrid, no more (``feed_forward``: the dense MLP's size,
     which Qwen3.5-MoE's config does not have)."""
     s = c.linear_attention
@@ -173,9 +180,9 @@ def add_hybrid_hparams(w: Any, c: LlamaConfig, arch: str, has: frozenset[str], f
                            "not exported")
     add_decoder_hparams(w, c, has=has, arch=arch, feed_forward=feed_forward)
     add_key_length(w, c, always=True)
-    if c.n_experts:
-        w.add_expert_feed_forward_length(c.moe_d_ff or c.d_ff)
-        w.add_expert_shared_feed_forward_length(c.shared_expert_d_ff)
+    if c.experts:
+        w.add_expert_feed_forward_length(c.experts.d_ff or c.d_ff)
+        w.add_expert_shared_feed_forward_length(c.experts.shared_d_ff)
     if c.mtp_layers:
         w.add_nextn_predict_layers(c.mtp_layers)
     w.add_ssm_conv_kernel(s.conv_kernel)

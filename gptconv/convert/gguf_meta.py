@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gguf import MODEL_TENSOR, TENSOR_NAMES, Keys
 
 from ..errors import where
 from .keymap import TensorInfo
+
+if TYPE_CHECKING:
+    from ..sources.gguf_file import GGUFFields
 
 T = MODEL_TENSOR
 
@@ -18,7 +21,7 @@ def gguf_name(tensor: MODEL_TENSOR, part: str = "weight") -> str:
     return f"{TENSOR_NAMES[tensor].replace('{bid}', '{i}')}.{part}"
 
 
-def block_count(f: Any, tensors: dict[str, TensorInfo], less: int = 0) -> int:
+def block_count(f: GGUFFields, tensors: dict[str, TensorInfo], less: int = 0) -> int:
     """The file's block count (``less`` the MTP blocks after the trunk), refused where its tensors hold
     fewer blocks: every layer count a config makes lists of is bounded by the file, not by a field (2^31
     blocks built a tuple for minutes)."""
@@ -31,7 +34,7 @@ def block_count(f: Any, tensors: dict[str, TensorInfo], less: int = 0) -> int:
     return n
 
 
-def gguf_config(cls: type, f: Any, tensors: dict[str, TensorInfo], **specific: Any) -> Any:
+def gguf_config(cls: type, f: GGUFFields, tensors: dict[str, TensorInfo], **specific: Any) -> Any:
     """``cls`` from the metadata every architecture has (vocabulary, context, width, depth, heads,
     special ids) and the architecture's ``specific`` fields; a value the config refuses is an error
     naming the file. The vocabulary size is the token list's length where the key is absent (llama.cpp

@@ -5,6 +5,7 @@ file passes what is its own (biases, a window rule, q/k norms, experts, fused ro
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import math
@@ -12,6 +13,7 @@ import math
 import torch
 
 from ..layers.decoder import FULL, SLIDING, LlamaConfig
+from ..layers.mlp import Experts
 from ..layers.rope import RopeScaling, llama3_from_factors
 from .gguf_decoder import PERMUTE_K, PERMUTE_Q
 from .hf_config import ConfigFields, build_config
@@ -269,7 +271,7 @@ def decoder_config_to_hf(c: LlamaConfig, model_type: str, hf_class: str,
         raise ValueError(f"HF's {model_type} has no place for: {', '.join(sorted(missing))}")
     if c.qk_norm != qk_norm:
         raise ValueError(f"HF's {model_type} has {'' if qk_norm else 'no '}RMSNorm on q and k")
-    if bool(c.n_experts) != experts:
+    if (c.experts is not None) != experts:
         raise ValueError(f"HF's {model_type} has {'routed experts' if experts else 'no routed experts'}")
     if (c.qkv_bias, c.o_bias, c.mlp_bias) != biases:
         raise ValueError(f"HF's {model_type} has no place for these biases (q/k/v {c.qkv_bias}, output {c.o_bias}, "
@@ -327,10 +329,10 @@ QK_NORM_STEPS = {"block.{i}.q_norm": "model.layers.{i}.self_attn.q_norm",
                  "block.{i}.k_norm": "model.layers.{i}.self_attn.k_norm"}
 
 
-def _experts_gate_up(config: LlamaConfig) -> Fuse:
+def experts_gate_up(size: Callable[[Any], int]) -> Fuse:
     """transformers 5's module holds every expert's gate and up rows as one (E, 2·d_ff, d) tensor:
-    expert e's gate rows, then its up rows. Parts in the order [gate 0, up 0, gate 1, up 1, …]."""
-    size = lambda c: c.moe_d_ff or c.d_ff  # noqa: E731 - each expert's hidden size
+    expert e's gate rows, then its up rows. Parts in the order [gate 0, up 0, gate 1, up 1, …];
+    ``size``: each expert's hidden size, from the config."""
 
     def shapes(s: tuple[int, ...], c: LlamaConfig) -> list[tuple[int, ...]]:
         if len(s) != 3 or s[1] != 2 * size(c):
@@ -346,9 +348,10 @@ EXPERT_ROWS = [("mlp.gate.weight", "mlp.router.weight"),
                  for n in ("gate", "up", "down"))]
 
 
-def experts_from_hf(f: ConfigFields) -> dict[str, Any]:
-    """n_experts, n_experts_used, moe_d_ff, norm_topk_prob and which layers have experts, with
-    transformers' defaults; a layer has experts unless ``mlp_only_layers`` lists it or it is off the
+def experts_from_hf(f: ConfigFields, **fields: Any) -> dict[str, Any]:
+    """The config's ``experts`` (their count, how many a token uses, their size, whether their weights are
+    renormalised, with transformers' defaults, and the family's other ``fields`` of ``Experts``) and
+    ``moe_layers``: a layer has experts unless ``mlp_only_layers`` lists it or it is off the
     ``decoder_sparse_step`` (layer i has experts where (i + 1) % step == 0)."""
     named = {k: f.positive(k, None) for k in ("num_experts", "num_local_experts")}  # transformers saves the second
     if None not in named.values() and len(set(named.values())) > 1:
@@ -359,21 +362,20 @@ def experts_from_hf(f: ConfigFields) -> dict[str, Any]:
     if not isinstance(dense, list) or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < n
                                               for i in dense):
         raise f.error(f"mlp_only_layers must list layer numbers from 0 to {n - 1}")
-    return dict(n_experts=named["num_experts"] or named["num_local_experts"] or 128,
-                n_experts_used=f.positive("num_experts_per_tok", 8),
-                moe_d_ff=f.positive("moe_intermediate_size", 768), norm_topk_prob=f.bool("norm_topk_prob", False),
-                moe_layers=tuple(i not in dense and (i + 1) % step == 0 for i in range(n)))
+    experts = Experts(named["num_experts"] or named["num_local_experts"] or 128, f.positive("num_experts_per_tok", 8),
+                      f.positive("moe_intermediate_size", 768), renormalise=f.bool("norm_topk_prob", False), **fields)
+    return dict(experts=experts, moe_layers=tuple(i not in dense and (i + 1) % step == 0 for i in range(n)))
 
 
 def fused_experts(config: LlamaConfig) -> list[Rule]:
     """A layer's experts as transformers 5's module holds them (Mixtral, Qwen3-MoE), and saves them with
     save_original_format=False: two 3-D tensors under mlp.experts (the router is the family's own row)."""
-    experts = range(config.n_experts)
+    experts = range(config.experts.count)
     return [Fused("model.layers.{i}.mlp.experts.gate_up_proj",
                   [f"blocks.{{i}}.mlp.experts.{j}.{w}.weight" for j in experts for w in ("gate", "up")],
-                  _experts_gate_up(config)),
+                  experts_gate_up(lambda c: c.experts.d_ff or c.d_ff)),
             Stacked("model.layers.{i}.mlp.experts.down_proj", "blocks.{i}.mlp.experts.{j}.down.weight",
-                    lambda c: c.n_experts)]
+                    lambda c: c.experts.count)]
 
 
 def decoder_hf_keymap(config: LlamaConfig, model_type: str, layer: list[tuple[str, str]], fused: list[Rule] = (),
@@ -443,15 +445,16 @@ def describe_decoder(cfg: LlamaConfig) -> list[str]:
         extras.append({"post": "norms after each sublayer, on its output, before the residual add (none before)",
                        "sandwich": "norms before and after each sublayer"}[cfg.norms])
     if "µP multipliers" in cfg.features():
-        scale = "head_dim^-½" if cfg.attention_scale is None else f"{cfg.attention_scale:g}"
-        extras.append(f"µP: token_embedding × {cfg.embedding_multiplier:g}, each sublayer's output × "
-                      f"{cfg.residual_multiplier:g}, attention scores × {scale}, logits ÷ {cfg.logits_scaling:g}")
-    if cfg.n_experts:
+        m = cfg.multipliers
+        scale = "head_dim^-½" if m.attention is None else f"{m.attention:g}"
+        extras.append(f"µP: token_embedding × {m.embedding:g}, each sublayer's output × "
+                      f"{m.residual:g}, attention scores × {scale}, logits ÷ {m.logits:g}")
+    if (e := cfg.experts) is not None:
         dense = n - sum(cfg.experts_at(i) for i in range(n))
-        extras.append(f"MLP: {cfg.n_experts_used} of {cfg.n_experts} experts per token"
-                      + ("" if cfg.norm_topk_prob else " (weights not renormalised)")
+        extras.append(f"MLP: {e.used} of {e.count} experts per token"
+                      + ("" if e.renormalise else " (weights not renormalised)")
                       + (f"; {dense} dense layers" if dense else "")
-                      + (f"; a shared expert of {cfg.shared_expert_d_ff} on every token" if cfg.shared_expert_d_ff else ""))
+                      + (f"; a shared expert of {e.shared_d_ff} on every token" if e.shared_d_ff else ""))
     if cfg.attention_gate:
         extras.append("attention's output × sigmoid(gate(x)) before its projection")
     if cfg.offset_norms:

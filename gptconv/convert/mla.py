@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from gguf import ExpertGatingFuncType, Keys, RopeScalingType
@@ -17,6 +17,7 @@ from gguf import ExpertGatingFuncType, Keys, RopeScalingType
 from ..errors import GptconvError, where
 from ..layers.decoder import LlamaConfig
 from ..layers.mla import MLAShape
+from ..layers.mlp import Experts
 from ..layers.rope import RopeScaling
 from .gguf_decoder import EXPERTS, add_decoder_hparams, decoder_config_from_gguf
 from .gguf_hybrid import SHARED_EXPERT as GGUF_SHARED
@@ -26,6 +27,10 @@ from .hf_decoder import (EXPERT_ROWS, MLP, NORMS, decoder_config_from_hf, decode
                          fused_experts, rope_parameters)
 from .keymap import Fuse, Fused, KeyMap, Map, Transform, Tied
 from .mtp import trunk_layers, with_dropped_mtp
+
+if TYPE_CHECKING:
+    from gguf import GGUFWriter
+    from ..sources.gguf_file import GGUFFields
 
 
 def mla_scale(qk_head_dim: int, scaling: RopeScaling | None, mscale_all_dim: float) -> float:
@@ -59,17 +64,17 @@ def mla_config_from_hf(f: ConfigFields, family: str, dense: list[bool], defaults
         if name in f.data and f.data[name] not in allowed:
             raise f.error(f"{name} '{f.data[name]}' is not supported ({', '.join(allowed)})")
     nope, rope, q_lora = f.positive("qk_nope_head_dim", 128), f.positive("qk_rope_head_dim", 64), f.data.get("q_lora_rank")
-    shared = f.int("n_shared_experts", 1)
+    shared, moe_d_ff = f.int("n_shared_experts", 1), f.positive("moe_intermediate_size", 2048)
     groups = (f.positive("n_group", defaults["n_group"]), f.positive("topk_group", defaults["topk_group"]))
     bias = f.bool("attention_bias", False)
     data = {**f.data, "head_dim": nope + rope}
     config = decoder_config_from_hf(
         ConfigFields(data, f.origin), family, defaults, qkv_bias=bias, o_bias=bias,
-        rope_dim=rope, n_experts=f.positive("n_routed_experts", 256), n_experts_used=f.positive("num_experts_per_tok", 8),
-        moe_d_ff=f.positive("moe_intermediate_size", 2048), norm_topk_prob=f.bool("norm_topk_prob", True),
-        moe_layers=tuple(not d for d in dense), shared_expert_d_ff=shared * f.positive("moe_intermediate_size", 2048),
-        shared_expert_gate=False, router_scoring="sigmoid", expert_groups=groups,
-        routed_scaling=f.float("routed_scaling_factor", defaults["routed_scaling_factor"]), router_correction_bias=True,
+        rope_dim=rope, moe_layers=tuple(not d for d in dense),
+        experts=Experts(f.positive("n_routed_experts", 256), f.positive("num_experts_per_tok", 8), moe_d_ff,
+                        renormalise=f.bool("norm_topk_prob", True), scoring="sigmoid", groups=groups,
+                        scaling=f.float("routed_scaling_factor", defaults["routed_scaling_factor"]),
+                        correction_bias=True, shared_d_ff=shared * moe_d_ff, shared_gate=False),
         mla=MLAShape(kv_lora_rank=f.positive("kv_lora_rank", 512), qk_nope_dim=nope, qk_rope_dim=rope,
                      v_head_dim=f.positive("v_head_dim", 128), q_lora_rank=0 if q_lora is None else int(q_lora),
                      scale=1.0, norm_eps=LATENT_NORM_EPS))
@@ -83,7 +88,7 @@ def mla_config_to_hf(c: LlamaConfig, model_type: str, hf_class: str) -> dict[str
     _check(c, f"HF's {model_type}")
     out = decoder_config_to_hf(c, model_type, hf_class, biases=(c.qkv_bias, c.o_bias, False), experts=True,
                                has=MLA_HAS)
-    m = c.mla
+    m, e = c.mla, c.experts
     out["rope_parameters"].pop("partial_rotary_factor", None)
     s = c.rope_scaling
     if s is not None and s.kind == "yarn":  # DeepSeek's mscale: the attention scale's, read back from it
@@ -92,10 +97,10 @@ def mla_config_to_hf(c: LlamaConfig, model_type: str, hf_class: str) -> dict[str
         out["rope_parameters"].pop("attention_factor", None)
     out.update(head_dim=m.qk_rope_dim, qk_nope_head_dim=m.qk_nope_dim, qk_rope_head_dim=m.qk_rope_dim,
                v_head_dim=m.v_head_dim, kv_lora_rank=m.kv_lora_rank, q_lora_rank=m.q_lora_rank or None,
-               n_routed_experts=c.n_experts, num_experts_per_tok=c.n_experts_used,
-               moe_intermediate_size=c.moe_d_ff, n_shared_experts=c.shared_expert_d_ff // c.moe_d_ff,
-               n_group=c.expert_groups[0], topk_group=c.expert_groups[1],
-               routed_scaling_factor=c.routed_scaling, norm_topk_prob=c.norm_topk_prob, rope_interleave=True,
+               n_routed_experts=e.count, num_experts_per_tok=e.used,
+               moe_intermediate_size=e.d_ff, n_shared_experts=e.shared_d_ff // e.d_ff,
+               n_group=e.groups[0], topk_group=e.groups[1],
+               routed_scaling_factor=e.scaling, norm_topk_prob=e.renormalise, rope_interleave=True,
                scoring_func="sigmoid", topk_method="noaux_tc", num_mtp_layers=0)
     return out
 
@@ -109,13 +114,15 @@ def _mscale_all_dim(c: LlamaConfig) -> float:
 def _check(c: LlamaConfig, where_to: str) -> None:
     """What DeepSeek's layer always is: latent attention, sigmoid routing with its bias, dense layers first
     then experts, the shared experts ungated and a whole number of the expert size."""
-    dense = [not c.experts_at(i) for i in range(c.n_layers)]
+    dense, e = [not c.experts_at(i) for i in range(c.n_layers)], c.experts
+    if e is None:
+        raise ValueError(f"{where_to} has no place for a model without routed experts")
     problems = [what for what, bad in (
         ("attention other than latent attention", c.mla is None),
-        ("routing other than DeepSeek's sigmoid", c.router_scoring != "sigmoid" or not c.router_correction_bias),
+        ("routing other than DeepSeek's sigmoid", e.scoring != "sigmoid" or not e.correction_bias),
         ("dense layers after the first expert layer", dense != sorted(dense, reverse=True)),
-        ("a gated shared expert", bool(c.shared_expert_d_ff) and c.shared_expert_gate),
-        ("shared experts that are not a whole number of experts", bool(c.moe_d_ff) and c.shared_expert_d_ff % c.moe_d_ff),
+        ("a gated shared expert", bool(e.shared_d_ff) and e.shared_gate),
+        ("shared experts that are not a whole number of experts", bool(e.d_ff) and e.shared_d_ff % e.d_ff),
         ("a window", c.sliding_window is not None)) if bad]
     if problems:
         raise ValueError(f"{where_to} has no place for {problems[0]}")
@@ -200,7 +207,7 @@ def deepseek2_gguf_keymap(c: LlamaConfig) -> KeyMap:
                             c.n_layers, gguf=True)
 
 
-def gating_of(f: Any, n_layers: int) -> int:
+def gating_of(f: GGUFFields, n_layers: int) -> int:
     """The routing llama.cpp runs a deepseek2 file with: expert_gating_func, or where the file has none (the
     converter writes it only where config.json says scoring_func; GLM-4.7-Flash's does not), sigmoid for 47 or
     48 layers with GLM's 154,880-token vocabulary and softmax (DeepSeek-V2's) otherwise, as llama.cpp decides."""
@@ -212,7 +219,17 @@ def gating_of(f: Any, n_layers: int) -> int:
     return ExpertGatingFuncType.SIGMOID if glm else ExpertGatingFuncType.SOFTMAX
 
 
-def deepseek2_config_from_gguf(f: Any, tensors: dict, family: str) -> LlamaConfig:
+def deepseek_experts(f: GGUFFields, moe_d_ff: int) -> Experts:
+    """DeepSeek's routed experts as llama.cpp's deepseek2 and glm4moe files give them: sigmoid scores with
+    the correction bias, groups, the weights' scale and renormalisation, ungated shared experts."""
+    return Experts(f.get(Keys.LLM.EXPERT_COUNT, int), f.get(Keys.LLM.EXPERT_USED_COUNT, int), moe_d_ff,
+                   renormalise=f.get(Keys.LLM.EXPERT_WEIGHTS_NORM, bool, False), scoring="sigmoid",
+                   groups=(f.get(Keys.LLM.EXPERT_GROUP_COUNT, int, 1), f.get(Keys.LLM.EXPERT_GROUP_USED_COUNT, int, 1)),
+                   scaling=f.get(Keys.LLM.EXPERT_WEIGHTS_SCALE, float, 1.0), correction_bias=True,
+                   shared_d_ff=f.get(Keys.LLM.EXPERT_SHARED_COUNT, int) * moe_d_ff, shared_gate=False)
+
+
+def deepseek2_config_from_gguf(f: GGUFFields, tensors: dict, family: str) -> LlamaConfig:
     """llama.cpp's deepseek2: the MLA sizes from its own keys, sigmoid routing (expert_gating_func), the
     dense layers first, DeepSeek's YaRN mscale from yarn_log_mul."""
     n = trunk_layers(f, tensors)  # the MTP blocks after them are dropped (``with_dropped_mtp``)
@@ -226,12 +243,7 @@ def deepseek2_config_from_gguf(f: Any, tensors: dict, family: str) -> LlamaConfi
     moe_d_ff = f.get(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, int)
     config = decoder_config_from_gguf(
         f, tensors, family, partial_rotary=True, head_dim=k_len, yarn_log_mul=True, n_kv_heads=heads, n_layers=n,
-        n_experts=f.get(Keys.LLM.EXPERT_COUNT, int), n_experts_used=f.get(Keys.LLM.EXPERT_USED_COUNT, int),
-        moe_d_ff=moe_d_ff, moe_layers=tuple(i >= dense for i in range(n)),
-        shared_expert_d_ff=f.get(Keys.LLM.EXPERT_SHARED_COUNT, int) * moe_d_ff, shared_expert_gate=False,
-        router_scoring="sigmoid", norm_topk_prob=f.get(Keys.LLM.EXPERT_WEIGHTS_NORM, bool, False),
-        expert_groups=(f.get(Keys.LLM.EXPERT_GROUP_COUNT, int, 1), f.get(Keys.LLM.EXPERT_GROUP_USED_COUNT, int, 1)),
-        routed_scaling=f.get(Keys.LLM.EXPERT_WEIGHTS_SCALE, float, 1.0), router_correction_bias=True,
+        moe_layers=tuple(i >= dense for i in range(n)), experts=deepseek_experts(f, moe_d_ff),
         mla=MLAShape(kv_lora_rank=f.get(Keys.Attention.KV_LORA_RANK, int), qk_nope_dim=k_len - rope,
                      qk_rope_dim=rope, v_head_dim=v_len, q_lora_rank=f.get(Keys.Attention.Q_LORA_RANK, int, 0),
                      scale=1.0))
@@ -239,7 +251,7 @@ def deepseek2_config_from_gguf(f: Any, tensors: dict, family: str) -> LlamaConfi
     return replace(config, mla=replace(config.mla, scale=mla_scale(k_len, config.rope_scaling, m_all)))
 
 
-def deepseek2_gguf_metadata(w: Any, c: LlamaConfig) -> None:
+def deepseek2_gguf_metadata(w: GGUFWriter, c: LlamaConfig) -> None:
     """llama.cpp's converter: the generic keys (K/V heads 1: its MLA is MQA over the latent), then its MLA
     and expert keys, DeepSeek's YaRN."""
     try:
@@ -256,9 +268,10 @@ def deepseek2_gguf_metadata(w: Any, c: LlamaConfig) -> None:
         w.add_rope_scaling_orig_ctx_len(s.original_context_length)
         w.add_rope_scaling_yarn_beta_fast(s.beta_fast)
         w.add_rope_scaling_yarn_beta_slow(s.beta_slow)
-    if c.n_experts:
-        w.add_expert_group_count(c.expert_groups[0])
-        w.add_expert_group_used_count(c.expert_groups[1])
+    e = c.experts
+    if e:
+        w.add_expert_group_count(e.groups[0])
+        w.add_expert_group_used_count(e.groups[1])
     w.add_expert_gating_func(ExpertGatingFuncType.SIGMOID)
     w.add_leading_dense_block_count(dense)
     w.add_vocab_size(c.vocab_size)
@@ -269,18 +282,18 @@ def deepseek2_gguf_metadata(w: Any, c: LlamaConfig) -> None:
     w.add_value_length(m.kv_lora_rank)
     w.add_key_length_mla(m.qk_head_dim)
     w.add_value_length_mla(m.v_head_dim)
-    w.add_expert_feed_forward_length(c.moe_d_ff)
-    w.add_expert_count(c.n_experts)
-    w.add_expert_shared_count(c.shared_expert_d_ff // c.moe_d_ff)
-    w.add_expert_weights_scale(c.routed_scaling)
-    if c.norm_topk_prob:
+    w.add_expert_feed_forward_length(e.d_ff)
+    w.add_expert_count(e.count)
+    w.add_expert_shared_count(e.shared_d_ff // e.d_ff)
+    w.add_expert_weights_scale(e.scaling)
+    if e.renormalise:
         w.add_expert_weights_norm(True)
     w.add_rope_dimension_count(m.qk_rope_dim)
     if s is not None and s.kind == "yarn":
         w.add_rope_scaling_yarn_log_mul(0.1 * _mscale_all_dim(c))
 
 
-def glm_vocabulary(f: Any) -> bool:
+def glm_vocabulary(f: GGUFFields) -> bool:
     """Whether a GGUF's vocabulary is GLM's: it holds GLM's special tokens [gMASK] and <|observation|>."""
     tokens = f.get(Keys.Tokenizer.LIST, list, [])
     return "[gMASK]" in tokens and "<|observation|>" in tokens

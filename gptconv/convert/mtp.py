@@ -16,12 +16,15 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Collection
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gguf import MODEL_TENSOR as T
 
 from .gguf_meta import gguf_name
 from .keymap import IDENTITY, Map, Rule, Transform
+
+if TYPE_CHECKING:
+    from ..sources.gguf_file import GGUFFields
 
 HF_PREFIXES = ("mtp.", "model.mtp.")  # the first is what export writes
 # the tensors outside the MTP layers: HF's name → ours, and the GGUF tensor that holds it
@@ -104,7 +107,7 @@ def with_dropped_mtp(keymap: Any, n_layers: int, gguf: bool = False) -> Any:
     return KeyMap(keymap.name, list(keymap.rules) + dropped_mtp_rows(list(keymap.rules), n_layers, gguf))
 
 
-def trunk_layers(f: Any, tensors: dict) -> int:
+def trunk_layers(f: GGUFFields, tensors: dict) -> int:
     """A GGUF's trunk layers: its block count less the MTP blocks after them (nextn_predict_layers), the
     count checked against the blocks its tensors hold before a per-layer list is made of it."""
     from gguf import Keys

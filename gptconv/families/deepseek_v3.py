@@ -22,6 +22,7 @@ from ..convert.mla import (deepseek2_config_from_gguf, deepseek2_gguf_keymap, de
                            glm_vocabulary, mla_config_from_hf, mla_config_to_hf, mla_hf_keymap, mla_scale)
 from ..layers.decoder import Llama, LlamaConfig
 from ..layers.mla import MLAShape
+from ..layers.mlp import Experts
 from ..layers.rope import RopeScaling
 from .base import Family, Preset
 
@@ -33,10 +34,10 @@ def _deepseek(vocab: int, d: int, layers: int, heads: int, d_ff: int, experts: i
                    scale=mla_scale(192, yarn, 1.0))
     return LlamaConfig(vocab_size=vocab, context_length=context, d_model=d, n_layers=layers, n_heads=heads,
                        n_kv_heads=heads, d_ff=d_ff, head_dim=192, rope_dim=64, norm_eps=1e-6, rope_theta=theta,
-                       rope_scaling=yarn, mla=mla, n_experts=experts, n_experts_used=8, moe_d_ff=moe_d_ff,
-                       moe_layers=tuple(i >= dense for i in range(layers)), shared_expert_d_ff=moe_d_ff,
-                       shared_expert_gate=False, router_scoring="sigmoid", expert_groups=groups,
-                       routed_scaling=scaling, router_correction_bias=True, bos_token_id=bos, eos_token_id=eos,
+                       rope_scaling=yarn, mla=mla, moe_layers=tuple(i >= dense for i in range(layers)),
+                       experts=Experts(experts, 8, moe_d_ff, scoring="sigmoid", groups=groups, scaling=scaling,
+                                       correction_bias=True, shared_d_ff=moe_d_ff, shared_gate=False),
+                       bos_token_id=bos, eos_token_id=eos,
                        family="deepseek_v3")
 
 

@@ -8,7 +8,7 @@ HF's rows, and are read as its llama files are. Tied head, head_dim 128 apart fr
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..convert.gguf_decoder import (add_decoder_hparams, add_key_length, add_linear_scaling, add_window,
                                     decoder_config_from_gguf, decoder_gguf_keymap, refuse_experts, standard_layer)
@@ -19,6 +19,10 @@ from ..convert.hf_decoder import (DECODER_HF_STEPS, INTERLEAVED_QK, MLP, NORMS, 
 from ..errors import GptconvError, where
 from ..layers.decoder import Llama, LlamaConfig
 from .base import Family, Preset
+
+if TYPE_CHECKING:
+    from gguf import GGUFWriter
+    from ..sources.gguf_file import GGUFFields
 
 PRESETS: dict[str, Preset] = {
     # baidu/ERNIE-4.5-0.3B-PT's config.json: 18 layers of 1024, 16 heads of 128 (2 K/V), tied; 360,748,032
@@ -48,7 +52,7 @@ def config_to_hf(c: LlamaConfig) -> dict[str, Any]:
     return {**out, "use_bias": c.qkv_bias}
 
 
-def config_from_gguf(f: Any, tensors: dict) -> LlamaConfig:
+def config_from_gguf(f: GGUFFields, tensors: dict) -> LlamaConfig:
     refuse_experts(f)
     for tensor in (T.ATTN_OUT, T.FFN_UP):
         if gguf_name(tensor, "bias").replace("{i}", "0") in tensors:
@@ -56,7 +60,7 @@ def config_from_gguf(f: Any, tensors: dict) -> LlamaConfig:
     return decoder_config_from_gguf(f, tensors, "ernie4_5")
 
 
-def gguf_metadata(w: Any, c: LlamaConfig) -> None:
+def gguf_metadata(w: GGUFWriter, c: LlamaConfig) -> None:
     """llama.cpp's converter: the generic keys and the key length (config.json always has head_dim)."""
     if c.o_bias or c.mlp_bias:
         raise GptconvError("llama.cpp's ernie4_5 ignores an output bias and has no MLP biases; not exported")

@@ -7,7 +7,7 @@ halves as HF does: no Q/K permutation.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gguf import Keys
 
@@ -22,6 +22,10 @@ from ..layers.decoder import FULL, SLIDING, Llama, LlamaConfig
 from ..layers.rope import RopeScaling
 from .base import Family, Preset
 from ..convert.gguf_meta import block_count
+
+if TYPE_CHECKING:
+    from gguf import GGUFWriter
+    from ..sources.gguf_file import GGUFFields
 
 _EXAONE = dict(qk_norm=True, norms="post")
 
@@ -80,7 +84,7 @@ def config_to_hf(c: LlamaConfig) -> dict[str, Any]:
     return out
 
 
-def config_from_gguf(f: Any, tensors: dict) -> LlamaConfig:
+def config_from_gguf(f: GGUFFields, tensors: dict) -> LlamaConfig:
     refuse_experts(f)
     window = f.get(Keys.Attention.SLIDING_WINDOW, int, 0) or None
     n = block_count(f, tensors)
@@ -97,7 +101,7 @@ def config_from_gguf(f: Any, tensors: dict) -> LlamaConfig:
                                     rope_layers=rope_layers, **_EXAONE)
 
 
-def gguf_metadata(w: Any, c: LlamaConfig) -> None:
+def gguf_metadata(w: GGUFWriter, c: LlamaConfig) -> None:
     """llama.cpp's converter: the generic keys, the vocabulary size, the window and which layers slide."""
     try:
         _nope_on_global_layers(c)

@@ -24,17 +24,19 @@ PRESETS: dict[str, Preset] = {
     "gemma-3-270m": Preset(GemmaConfig(
         vocab_size=262144, context_length=32768, d_model=640, n_layers=18, n_heads=4, n_kv_heads=1, d_ff=2048,
         head_dim=256, sliding_window=512, layer_types=default_layer_types(18), query_pre_attn_scalar=256.0,
-        rope_theta=1_000_000.0, rope_local_theta=10_000.0, bos_token_id=2, eos_token_id=1), "google/gemma-3-270m"),
+        rope_theta=1_000_000.0, rope_local_theta=10_000.0, bos_token_id=2, eos_token_id=1, family="gemma3"),
+        "google/gemma-3-270m"),
     "gemma-3-1b": Preset(GemmaConfig(
         vocab_size=262144, context_length=32768, d_model=1152, n_layers=26, n_heads=4, n_kv_heads=1, d_ff=6912,
         head_dim=256, sliding_window=512, layer_types=default_layer_types(26), query_pre_attn_scalar=256.0,
-        rope_theta=1_000_000.0, rope_local_theta=10_000.0, bos_token_id=2, eos_token_id=1), "google/gemma-3-1b-pt"),
+        rope_theta=1_000_000.0, rope_local_theta=10_000.0, bos_token_id=2, eos_token_id=1, family="gemma3"),
+        "google/gemma-3-1b-pt"),
     # the 4B's repo holds the multimodal model (model_type gemma3: text and vision); the preset is its text model
     "gemma-3-4b": Preset(GemmaConfig(
         vocab_size=262208, context_length=131072, d_model=2560, n_layers=34, n_heads=8, n_kv_heads=4, d_ff=10240,
         head_dim=256, sliding_window=1024, layer_types=default_layer_types(34), query_pre_attn_scalar=256.0,
         rope_theta=1_000_000.0, rope_scaling=RopeScaling("linear", factor=8.0), rope_local_theta=10_000.0,
-        bos_token_id=2, eos_token_id=1), "google/gemma-3-4b-pt"),
+        bos_token_id=2, eos_token_id=1, family="gemma3"), "google/gemma-3-4b-pt"),
 }
 
 

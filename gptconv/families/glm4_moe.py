@@ -7,7 +7,7 @@ holds the same rows (q and k in HF's rotate-half order) and routes by sigmoid (i
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gguf import ExpertGatingFuncType, Keys
 
@@ -20,20 +20,26 @@ from ..convert.hf_decoder import (ATTENTION, DECODER_HF_STEPS, EXPERT_ROWS, MLP,
                                   decoder_config_from_hf, decoder_config_to_hf, decoder_hf_keymap, describe_decoder,
                                   fused_experts, rope_parameters)
 from ..convert.keymap import KeyMap, Map
+from ..convert.mla import deepseek_experts
 from ..convert.mtp import trunk_layers, with_dropped_mtp
 from ..errors import GptconvError, where
 from ..layers.decoder import Llama, LlamaConfig
+from ..layers.mlp import Experts
 from .base import Family, Preset
 from .glm4_moe_lite import GLM_SPECIAL
+
+if TYPE_CHECKING:
+    from gguf import GGUFWriter
+    from ..sources.gguf_file import GGUFFields
 
 PRESETS: dict[str, Preset] = {
     # zai-org/GLM-4.5-Air: 46 layers of 4096 (the first dense), 96 heads of 128 (8 K/V), 128 experts of 1408 (8 per
     # token) and one shared, routed × 1; its config.json as public projects quote it (its MTP layer not counted)
     "glm-4.5-air": Preset(LlamaConfig(
         vocab_size=151552, context_length=131072, d_model=4096, n_layers=46, n_heads=96, n_kv_heads=8, d_ff=10944,
-        head_dim=128, rope_dim=64, norm_eps=1e-5, rope_theta=1000000.0, qkv_bias=True, n_experts=128,
-        n_experts_used=8, moe_d_ff=1408, moe_layers=tuple(i > 0 for i in range(46)), shared_expert_d_ff=1408,
-        shared_expert_gate=False, router_scoring="sigmoid", router_correction_bias=True, bos_token_id=None,
+        head_dim=128, rope_dim=64, norm_eps=1e-5, rope_theta=1000000.0, qkv_bias=True,
+        experts=Experts(128, 8, d_ff=1408, shared_d_ff=1408, shared_gate=False, scoring="sigmoid", correction_bias=True),
+        moe_layers=tuple(i > 0 for i in range(46)), bos_token_id=None,
         eos_token_id=151329, family="glm4_moe"), "zai-org/GLM-4.5-Air"),
 }
 
@@ -52,21 +58,23 @@ def config_from_hf(data: dict[str, Any], origin: object) -> LlamaConfig:
     moe_d_ff = f.positive("moe_intermediate_size", 1408)
     return decoder_config_from_hf(
         f, "glm4_moe", {"rms_norm_eps": 1e-5}, partial_rotary=True, qkv_bias=f.bool("attention_bias", False),
-        qk_norm=f.bool("use_qk_norm", False), n_experts=f.positive("n_routed_experts", 128),
-        n_experts_used=f.positive("num_experts_per_tok", 8), moe_d_ff=moe_d_ff,
-        norm_topk_prob=f.bool("norm_topk_prob", True), moe_layers=tuple(i >= dense for i in range(n)),
-        shared_expert_d_ff=f.int("n_shared_experts", 1) * moe_d_ff, shared_expert_gate=False,
-        router_scoring="sigmoid", expert_groups=(f.positive("n_group", 1), f.positive("topk_group", 1)),
-        routed_scaling=f.float("routed_scaling_factor", 1.0), router_correction_bias=True)
+        qk_norm=f.bool("use_qk_norm", False), moe_layers=tuple(i >= dense for i in range(n)),
+        experts=Experts(f.positive("n_routed_experts", 128), f.positive("num_experts_per_tok", 8), moe_d_ff,
+                        renormalise=f.bool("norm_topk_prob", True), scoring="sigmoid",
+                        groups=(f.positive("n_group", 1), f.positive("topk_group", 1)),
+                        scaling=f.float("routed_scaling_factor", 1.0), correction_bias=True,
+                        shared_d_ff=f.int("n_shared_experts", 1) * moe_d_ff, shared_gate=False))
 
 
 def _check(c: LlamaConfig, where_to: str) -> None:
-    dense = [not c.experts_at(i) for i in range(c.n_layers)]
+    dense, e = [not c.experts_at(i) for i in range(c.n_layers)], c.experts
+    if e is None:
+        raise ValueError(f"{where_to} has no place for a model without routed experts")
     problems = [what for what, bad in (
-        ("routing other than DeepSeek's sigmoid", c.router_scoring != "sigmoid" or not c.router_correction_bias),
+        ("routing other than DeepSeek's sigmoid", e.scoring != "sigmoid" or not e.correction_bias),
         ("dense layers after the first expert layer", dense != sorted(dense, reverse=True)),
-        ("a gated shared expert", bool(c.shared_expert_d_ff) and c.shared_expert_gate),
-        ("shared experts that are not a whole number of experts", c.shared_expert_d_ff % (c.moe_d_ff or c.d_ff)),
+        ("a gated shared expert", bool(e.shared_d_ff) and e.shared_gate),
+        ("shared experts that are not a whole number of experts", e.shared_d_ff % (e.d_ff or c.d_ff)),
         ("an output bias", c.o_bias), ("a window", c.sliding_window is not None)) if bad]
     if problems:
         raise ValueError(f"{where_to} has no place for {problems[0]}")
@@ -76,11 +84,12 @@ def config_to_hf(c: LlamaConfig) -> dict[str, Any]:
     _check(c, "HF's glm4_moe")
     out = decoder_config_to_hf(c, "glm4_moe", "Glm4MoeForCausalLM", biases=(c.qkv_bias, False, False),
                                qk_norm=c.qk_norm, experts=True, has=_HAS)
-    out.update(use_qk_norm=c.qk_norm, n_routed_experts=c.n_experts, num_experts_per_tok=c.n_experts_used,
-               moe_intermediate_size=c.moe_d_ff, n_shared_experts=c.shared_expert_d_ff // c.moe_d_ff,
+    e = c.experts
+    out.update(use_qk_norm=c.qk_norm, n_routed_experts=e.count, num_experts_per_tok=e.used,
+               moe_intermediate_size=e.d_ff, n_shared_experts=e.shared_d_ff // e.d_ff,
                first_k_dense_replace=next((i for i in range(c.n_layers) if c.experts_at(i)), c.n_layers),
-               n_group=c.expert_groups[0], topk_group=c.expert_groups[1], routed_scaling_factor=c.routed_scaling,
-               norm_topk_prob=c.norm_topk_prob, num_nextn_predict_layers=0)
+               n_group=e.groups[0], topk_group=e.groups[1], routed_scaling_factor=e.scaling,
+               norm_topk_prob=e.renormalise, num_nextn_predict_layers=0)
     return out
 
 
@@ -96,7 +105,7 @@ def gguf_keymap(c: LlamaConfig) -> KeyMap:
         *(r for r in GGUF_SHARED if "shared_gate" not in r.target)], norm2=T.ATTN_POST_NORM), c.n_layers, gguf=True)
 
 
-def config_from_gguf(f: Any, tensors: dict) -> LlamaConfig:
+def config_from_gguf(f: GGUFFields, tensors: dict) -> LlamaConfig:
     """llama.cpp's glm4moe: sigmoid routing, the dense layers first, q/k norms where the file has them."""
     if f.get(Keys.LLM.EXPERT_GATING_FUNC, int, ExpertGatingFuncType.SIGMOID) != ExpertGatingFuncType.SIGMOID:
         raise where(f.path, "glm4moe routing other than sigmoid is not supported")
@@ -105,32 +114,28 @@ def config_from_gguf(f: Any, tensors: dict) -> LlamaConfig:
     moe_d_ff = f.get(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, int)
     return decoder_config_from_gguf(
         f, tensors, "glm4_moe", partial_rotary=True, n_layers=n, qk_norm=gguf_name(T.ATTN_Q_NORM).replace("{i}", "0") in tensors,
-        n_experts=f.get(Keys.LLM.EXPERT_COUNT, int), n_experts_used=f.get(Keys.LLM.EXPERT_USED_COUNT, int),
-        moe_d_ff=moe_d_ff, moe_layers=tuple(i >= dense for i in range(n)),
-        shared_expert_d_ff=f.get(Keys.LLM.EXPERT_SHARED_COUNT, int) * moe_d_ff, shared_expert_gate=False,
-        router_scoring="sigmoid", norm_topk_prob=f.get(Keys.LLM.EXPERT_WEIGHTS_NORM, bool, False),
-        expert_groups=(f.get(Keys.LLM.EXPERT_GROUP_COUNT, int, 1), f.get(Keys.LLM.EXPERT_GROUP_USED_COUNT, int, 1)),
-        routed_scaling=f.get(Keys.LLM.EXPERT_WEIGHTS_SCALE, float, 1.0), router_correction_bias=True)
+        moe_layers=tuple(i >= dense for i in range(n)), experts=deepseek_experts(f, moe_d_ff))
 
 
-def gguf_metadata(w: Any, c: LlamaConfig) -> None:
+def gguf_metadata(w: GGUFWriter, c: LlamaConfig) -> None:
     """llama.cpp's converter: the generic keys, the group counts, the key length, then its glm4moe keys."""
     try:
         _check(c, "llama.cpp's glm4moe")
     except ValueError as e:
         raise GptconvError(f"{e}; not exported") from None
     add_decoder_hparams(w, c, has=_HAS | {"layer_types"}, arch="glm4moe")
-    w.add_expert_group_count(c.expert_groups[0])
-    w.add_expert_group_used_count(c.expert_groups[1])
+    e = c.experts
+    w.add_expert_group_count(e.groups[0])
+    w.add_expert_group_used_count(e.groups[1])
     add_key_length(w, c, always=True)
     w.add_rope_dimension_count(c.rope_dim or c.head_dim)
-    w.add_expert_count(c.n_experts)
-    w.add_expert_feed_forward_length(c.moe_d_ff)
-    w.add_expert_shared_count(c.shared_expert_d_ff // c.moe_d_ff)
+    w.add_expert_count(e.count)
+    w.add_expert_feed_forward_length(e.d_ff)
+    w.add_expert_shared_count(e.shared_d_ff // e.d_ff)
     w.add_leading_dense_block_count(next((i for i in range(c.n_layers) if c.experts_at(i)), c.n_layers))
     w.add_expert_gating_func(ExpertGatingFuncType.SIGMOID)
-    w.add_expert_weights_scale(c.routed_scaling)
-    w.add_expert_weights_norm(c.norm_topk_prob)
+    w.add_expert_weights_scale(e.scaling)
+    w.add_expert_weights_norm(e.renormalise)
 
 
 FAMILY = Family(

@@ -15,6 +15,7 @@ from ..convert.mla import (deepseek2_config_from_gguf, deepseek2_gguf_keymap, de
                            glm_vocabulary, mla_config_from_hf, mla_config_to_hf, mla_hf_keymap)
 from ..layers.decoder import Llama, LlamaConfig
 from ..layers.mla import MLAShape
+from ..layers.mlp import Experts
 from .base import Family, Preset
 
 # the tokens llama.cpp's converter gives GLM's special roles, by their text
@@ -28,9 +29,9 @@ PRESETS: dict[str, Preset] = {
         head_dim=256, rope_dim=64, norm_eps=1e-5, rope_theta=1000000.0,
         mla=MLAShape(kv_lora_rank=512, qk_nope_dim=192, qk_rope_dim=64, v_head_dim=256, q_lora_rank=768,
                      norm_eps=1e-6),
-        n_experts=64, n_experts_used=4, moe_d_ff=1536, moe_layers=tuple(i > 0 for i in range(47)),
-        shared_expert_d_ff=1536, shared_expert_gate=False, router_scoring="sigmoid", routed_scaling=1.8,
-        router_correction_bias=True, bos_token_id=0, eos_token_id=1, family="glm4_moe_lite"),
+        experts=Experts(64, 4, d_ff=1536, scoring="sigmoid", scaling=1.8, correction_bias=True, shared_d_ff=1536,
+                        shared_gate=False),
+        moe_layers=tuple(i > 0 for i in range(47)), bos_token_id=0, eos_token_id=1, family="glm4_moe_lite"),
         "zai-org/GLM-4.7-Flash"),
 }
 

@@ -8,7 +8,7 @@ metadata ⇄ GPT2Config, and the key tables of both.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn as nn
@@ -25,6 +25,10 @@ from ..layers.linear import Linear, linear
 from ..layers.step import Step
 from ..layers.tap import Tap, no_tap
 from .base import Family, Preset
+
+if TYPE_CHECKING:
+    from gguf import GGUFWriter
+    from ..sources.gguf_file import GGUFFields
 
 
 @dataclass(frozen=True)
@@ -234,7 +238,7 @@ GPT2_HF = KeyMap(
 # ---------------------------------------------------------------------------------------------------
 # GGUF (llama.cpp)
 
-def gpt2_config_from_gguf(f: Any, tensors: dict[str, TensorInfo]) -> GPT2Config:
+def gpt2_config_from_gguf(f: GGUFFields, tensors: dict[str, TensorInfo]) -> GPT2Config:
     d = f.get(Keys.LLM.EMBEDDING_LENGTH, int)
     return gguf_config(GPT2Config, f, tensors, d_ff=f.get(Keys.LLM.FEED_FORWARD_LENGTH, int, 4 * d),
                        norm_eps=f.get(Keys.Attention.LAYERNORM_EPS, float))
@@ -254,7 +258,7 @@ GPT2_GGUF = KeyMap("gpt2 (GGUF)", [
 ])
 
 
-def gpt2_gguf_metadata(w: Any, c: GPT2Config) -> None:
+def gpt2_gguf_metadata(w: GGUFWriter, c: GPT2Config) -> None:
     """The hyperparameters llama.cpp's converter writes for gpt2, in its order."""
     w.add_context_length(c.context_length)
     w.add_embedding_length(c.d_model)

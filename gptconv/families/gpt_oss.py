@@ -18,7 +18,7 @@ where gpt-oss's own RoPE does not (``truncate: false``): a GGUF file runs llama.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from gguf import Keys
@@ -32,8 +32,13 @@ from ..convert.hf_decoder import (ATTENTION, DECODER_HF_STEPS, NORMS, decoder_co
 from ..convert.keymap import Fuse, Fused, KeyMap, Map, Stacked
 from ..errors import GptconvError, where
 from ..layers.decoder import FULL, SLIDING, Llama, LlamaConfig
+from ..layers.mlp import Experts
 from ..layers.rope import RopeScaling
 from .base import Family, Preset
+
+if TYPE_CHECKING:
+    from gguf import GGUFWriter
+    from ..sources.gguf_file import GGUFFields
 
 LIMIT, ALPHA = 7.0, 1.702  # the clamped SwiGLU's, as llama.cpp hard-codes them
 
@@ -45,8 +50,8 @@ def _gpt_oss(vocab: int, layers: int, experts: int, **sizes: Any) -> LlamaConfig
                                                 attention_factor=0.1 * math.log(32.0) + 1.0,
                                                 truncate=False),
                        qkv_bias=True, o_bias=True, sliding_window=128, layer_types=_alternating(layers),
-                       n_experts=experts, n_experts_used=4, router_bias=True, swiglu_limit=LIMIT, swiglu_alpha=ALPHA,
-                       attention_sinks=True, bos_token_id=199998, eos_token_id=200002, family="gpt_oss", **sizes)
+                       experts=Experts(experts, 4, router_bias=True, clamp=LIMIT, alpha=ALPHA), attention_sinks=True,
+                       bos_token_id=199998, eos_token_id=200002, family="gpt_oss", **sizes)
 
 
 def _alternating(n: int) -> tuple[str, ...]:
@@ -75,9 +80,10 @@ def config_from_hf(data: dict[str, Any], origin: object) -> LlamaConfig:
     return decoder_config_from_hf(
         f, "gpt_oss", {"rms_norm_eps": 1e-5, "rope_theta": 150000.0}, qkv_bias=bias, o_bias=bias,
         **windows_of_layer_types(ConfigFields({**f.data, "layer_types": types}, origin), types),
-        n_experts=named["num_local_experts"] or named["num_experts"] or 128,
-        n_experts_used=f.positive("num_experts_per_tok", 4), norm_topk_prob=True, router_bias=True,
-        swiglu_limit=f.float("swiglu_limit", LIMIT), swiglu_alpha=f.float("swiglu_alpha", ALPHA), attention_sinks=True)
+        experts=Experts(named["num_local_experts"] or named["num_experts"] or 128,
+                        f.positive("num_experts_per_tok", 4), renormalise=True, router_bias=True,
+                        clamp=f.float("swiglu_limit", LIMIT), alpha=f.float("swiglu_alpha", ALPHA)),
+        attention_sinks=True)
 
 
 def config_to_hf(c: LlamaConfig) -> dict[str, Any]:
@@ -85,22 +91,25 @@ def config_to_hf(c: LlamaConfig) -> dict[str, Any]:
     out = decoder_config_to_hf(c, "gpt_oss", "GptOssForCausalLM", biases=(c.qkv_bias, c.o_bias, False),
                                experts=True, has=_HAS)
     out.pop("mlp_bias")
-    out.update(num_local_experts=c.n_experts, num_experts_per_tok=c.n_experts_used, swiglu_limit=c.swiglu_limit,
-               swiglu_alpha=c.swiglu_alpha, layer_types=[SLIDING if c.window(i) else FULL for i in range(c.n_layers)])
+    out.update(num_local_experts=c.experts.count, num_experts_per_tok=c.experts.used, swiglu_limit=c.experts.clamp,
+               swiglu_alpha=c.experts.alpha, layer_types=[SLIDING if c.window(i) else FULL for i in range(c.n_layers)])
     return out
 
 
 def _check(c: LlamaConfig, where_to: str, limits: bool = False) -> None:
     """What gpt-oss's layer always is: the sinks, the router's bias, the clamped experts on every layer, the
     chosen weights summing to 1, q/k/v and output biases alike; ``limits``: llama.cpp's clamp and slope too."""
+    e = c.experts
+    if e is None:
+        raise ValueError(f"{where_to} has no place for a model without routed experts")
     problems = [what for what, bad in (
-        ("attention without sinks", not c.attention_sinks), ("a router without a bias", not c.router_bias),
-        ("experts other than the clamped SwiGLU", c.swiglu_limit is None),
-        ("dense layers among experts", bool(c.moe_layers)), ("unnormalised expert weights", not c.norm_topk_prob),
+        ("attention without sinks", not c.attention_sinks), ("a router without a bias", not e.router_bias),
+        ("experts other than the clamped SwiGLU", e.clamp is None),
+        ("dense layers among experts", bool(c.moe_layers)), ("unnormalised expert weights", not e.renormalise),
         ("q/k/v biases without output biases or the reverse", c.qkv_bias != c.o_bias),
-        ("an expert size other than intermediate_size", bool(c.moe_d_ff) and c.moe_d_ff != c.d_ff),
+        ("an expert size other than intermediate_size", bool(e.d_ff) and e.d_ff != c.d_ff),
         (f"a SwiGLU clamp / slope other than {LIMIT:g} / {ALPHA:g}",
-         limits and (c.swiglu_limit, c.swiglu_alpha) != (LIMIT, ALPHA))) if bad]
+         limits and (e.clamp, e.alpha) != (LIMIT, ALPHA))) if bad]
     if problems:
         raise ValueError(f"{where_to} has no place for {problems[0]}")
 
@@ -116,7 +125,7 @@ def _interleaved() -> Fuse:
                             for k in range(0, len(ts), 2)])
 
     def shapes(s: tuple[int, ...], c: LlamaConfig) -> list[tuple[int, ...]]:
-        ff = c.moe_d_ff or c.d_ff
+        ff = c.experts.d_ff or c.d_ff
         if len(s) not in (2, 3) or s[-1] != 2 * ff:
             return [s]  # cannot be split so: the ledger reports the shape
         return [(ff, *s[1:-1])] * (2 * s[0])
@@ -131,14 +140,14 @@ _GATE_UP = _interleaved()
 
 
 def hf_keymap(c: LlamaConfig) -> KeyMap:
-    experts = range(c.n_experts)
+    experts = range(c.experts.count)
     gate_up = lambda part: [f"blocks.{{i}}.mlp.experts.{j}.{w}.{part}" for j in experts for w in ("gate", "up")]  # noqa: E731
     rows = [Fused("model.layers.{i}.mlp.experts.gate_up_proj", gate_up("weight"), _GATE_UP),
             Fused("model.layers.{i}.mlp.experts.gate_up_proj_bias", gate_up("bias"), _GATE_UP),
             Fused("model.layers.{i}.mlp.experts.down_proj", [f"blocks.{{i}}.mlp.experts.{j}.down.weight"
                                                             for j in experts], _DOWN),
             Stacked("model.layers.{i}.mlp.experts.down_proj_bias", "blocks.{i}.mlp.experts.{j}.down.bias",
-                    lambda c: c.n_experts)]
+                    lambda c: c.experts.count)]
     layer = NORMS + ATTENTION + [("self_attn.sinks", "attn.sinks"), ("mlp.router.weight", "mlp.router.weight"),
                                  ("mlp.router.bias", "mlp.router.bias")]
     return decoder_hf_keymap(c, "gpt_oss", layer, rows)
@@ -147,7 +156,7 @@ def hf_keymap(c: LlamaConfig) -> KeyMap:
 def gguf_keymap(c: LlamaConfig) -> KeyMap:
     """llama.cpp's gpt-oss: q and k in HF's rotate-half order (no permutation), the pre-MLP norm named
     post_attention_norm, each layer's experts stacked per matrix and per bias."""
-    experts = [Stacked(gguf_name(src, p), f"blocks.{{i}}.mlp.experts.{{j}}.{dst}.{p}", lambda c: c.n_experts)
+    experts = [Stacked(gguf_name(src, p), f"blocks.{{i}}.mlp.experts.{{j}}.{dst}.{p}", lambda c: c.experts.count)
                for src, dst in ((T.FFN_GATE_EXP, "gate"), (T.FFN_UP_EXP, "up"), (T.FFN_DOWN_EXP, "down"))
                for p in ("weight", "bias")]
     return decoder_gguf_keymap(c, "gpt-oss", [
@@ -158,7 +167,7 @@ def gguf_keymap(c: LlamaConfig) -> KeyMap:
         *experts], norm2=T.ATTN_POST_NORM)
 
 
-def config_from_gguf(f: Any, tensors: dict) -> LlamaConfig:
+def config_from_gguf(f: GGUFFields, tensors: dict) -> LlamaConfig:
     """llama.cpp's gpt-oss: a window on the even layers, the clamp and slope it hard-codes, its YaRN (the
     ramp's edges rounded out, as it runs every model's)."""
     n = block_count(f, tensors)
@@ -170,12 +179,12 @@ def config_from_gguf(f: Any, tensors: dict) -> LlamaConfig:
         raise where(f.path, "gpt-oss without expert_count")
     d_ff = f.get(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, int)
     return decoder_config_from_gguf(f, tensors, "gpt_oss", d_ff=d_ff, sliding_window=window,
-                                    layer_types=_alternating(n), n_experts=experts,
-                                    n_experts_used=f.get(Keys.LLM.EXPERT_USED_COUNT, int), norm_topk_prob=True,
-                                    router_bias=True, swiglu_limit=LIMIT, swiglu_alpha=ALPHA, attention_sinks=True)
+                                    layer_types=_alternating(n), attention_sinks=True,
+                                    experts=Experts(experts, f.get(Keys.LLM.EXPERT_USED_COUNT, int), renormalise=True,
+                                                    router_bias=True, clamp=LIMIT, alpha=ALPHA))
 
 
-def gguf_metadata(w: Any, c: LlamaConfig) -> None:
+def gguf_metadata(w: GGUFWriter, c: LlamaConfig) -> None:
     """llama.cpp's converter: the generic keys, the key length, YaRN, the window and the experts' size."""
     try:
         _check(c, "llama.cpp's gpt-oss", limits=True)
@@ -187,7 +196,7 @@ def gguf_metadata(w: Any, c: LlamaConfig) -> None:
     add_key_length(w, c, always=True)
     add_yarn_scaling(w, c, rounds_ramp=True, attn_factor=False)
     w.add_sliding_window(c.sliding_window)
-    w.add_expert_feed_forward_length(c.moe_d_ff or c.d_ff)
+    w.add_expert_feed_forward_length(c.experts.d_ff or c.d_ff)
 
 
 FAMILY = Family(

@@ -8,7 +8,7 @@ apart from d / heads (its converter drops the field).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gguf import Keys
 
@@ -19,23 +19,29 @@ from ..convert.hf_decoder import (ATTENTION, DECODER_HF_STEPS, MLP, NORMS, decod
                                   decoder_hf_keymap, describe_decoder, no_window)
 from ..errors import GptconvError, where
 from ..layers.decoder import Llama, LlamaConfig
+from ..layers.multipliers import Multipliers
 from .base import Family, Preset
+
+if TYPE_CHECKING:
+    from gguf import GGUFWriter
+    from ..sources.gguf_file import GGUFFields
 
 PRESETS: dict[str, Preset] = {
     # ibm-granite/granite-3.3-2b-base: 40 layers of 2048, 32 heads sharing 8 K/V heads, tied
     "granite-3.3-2b": Preset(LlamaConfig(vocab_size=49159, context_length=131072, d_model=2048, n_layers=40,
                                          n_heads=32, n_kv_heads=8, d_ff=8192, norm_eps=1e-5, rope_theta=10000000.0,
-                                         tie_embeddings=True, embedding_multiplier=12.0, residual_multiplier=0.22,
-                                         attention_scale=0.015625, logits_scaling=8.0, bos_token_id=0,
+                                         tie_embeddings=True, multipliers=Multipliers(12.0, 0.22, 0.015625, 8.0),
+                                         bos_token_id=0,
                                          eos_token_id=0, family="granite"), "ibm-granite/granite-3.3-2b-base"),
 }
 
 _HAS = frozenset({"µP multipliers"})
-# the multipliers: ours, HF's name, llama.cpp's key (each optional in llama.cpp but the logit scale)
-_MULTIPLIERS = (("embedding_multiplier", "embedding_multiplier", Keys.LLM.EMBEDDING_SCALE),
-                ("residual_multiplier", "residual_multiplier", Keys.LLM.RESIDUAL_SCALE),
-                ("attention_scale", "attention_multiplier", Keys.Attention.SCALE),
-                ("logits_scaling", "logits_scaling", Keys.LLM.LOGIT_SCALE))
+# the multipliers: ours (``Multipliers``' fields), HF's name, llama.cpp's key (each optional in llama.cpp but the
+# logit scale)
+_MULTIPLIERS = (("embedding", "embedding_multiplier", Keys.LLM.EMBEDDING_SCALE),
+                ("residual", "residual_multiplier", Keys.LLM.RESIDUAL_SCALE),
+                ("attention", "attention_multiplier", Keys.Attention.SCALE),
+                ("logits", "logits_scaling", Keys.LLM.LOGIT_SCALE))
 
 
 def config_from_hf(data: dict[str, Any], origin: object) -> LlamaConfig:
@@ -43,41 +49,43 @@ def config_from_hf(data: dict[str, Any], origin: object) -> LlamaConfig:
     no_window(f)
     bias = f.bool("attention_bias", False)
     return decoder_config_from_hf(f, "granite", {}, qkv_bias=bias, o_bias=bias, mlp_bias=f.bool("mlp_bias", False),
-                                  **{ours: f.float(hf, 1.0) for ours, hf, _ in _MULTIPLIERS})
+                                  multipliers=Multipliers(**{ours: f.float(hf, 1.0) for ours, hf, _ in _MULTIPLIERS}))
 
 
 def config_to_hf(c: LlamaConfig) -> dict[str, Any]:
     out = decoder_config_to_hf(c, "granite", "GraniteForCausalLM", biases=(c.qkv_bias, c.qkv_bias, c.mlp_bias),
                                window=False, has=_HAS)
-    out.update({hf: getattr(c, ours) for ours, hf, _ in _MULTIPLIERS})
-    if c.attention_scale is None:  # HF's granite has no "head_dim^-½": its default is 1
+    out.update({hf: getattr(c.multipliers, ours) for ours, hf, _ in _MULTIPLIERS})
+    if c.multipliers.attention is None:  # HF's granite has no "head_dim^-½": its default is 1
         out["attention_multiplier"] = c.head_dim ** -0.5
     return out
 
 
-def config_from_gguf(f: Any, tensors: dict) -> LlamaConfig:
+def config_from_gguf(f: GGUFFields, tensors: dict) -> LlamaConfig:
     """As llama.cpp runs a granite file: a scale absent (or 0) is not applied (the attention's is then
     head_dim^-½); the logit scale is required."""
     refuse_experts(f)
     scales = {ours: f.get(key, float, 0.0) or None for ours, _, key in _MULTIPLIERS}
-    if scales["logits_scaling"] is None:
+    if scales["logits"] is None:
         raise where(f.path, f"missing metadata key '{Keys.LLM.LOGIT_SCALE.format(arch=f.arch)}' (llama.cpp requires it)")
-    return decoder_config_from_gguf(f, tensors, "granite", attention_scale=scales.pop("attention_scale"),
-                                    **{k: v or 1.0 for k, v in scales.items()})
+    attention = scales.pop("attention")
+    return decoder_config_from_gguf(f, tensors, "granite", multipliers=Multipliers(
+        attention=attention, **{k: v or 1.0 for k, v in scales.items()}))
 
 
-def gguf_metadata(w: Any, c: LlamaConfig) -> None:
+def gguf_metadata(w: GGUFWriter, c: LlamaConfig) -> None:
     """llama.cpp's converter (its llama's keys, no key length, then the four scales)."""
     if c.head_dim != c.d_model // c.n_heads:
         raise GptconvError("llama.cpp's granite has no head_dim other than d / heads; not exported")
     add_decoder_hparams(w, c, vocab_size=True, rope_dims=True, has=_HAS, arch="granite")
     add_window(w, c, "granite", kept=False)
     add_linear_scaling(w, c)
-    if c.attention_scale is not None:
-        w.add_attention_scale(c.attention_scale)
-    w.add_embedding_scale(c.embedding_multiplier)
-    w.add_residual_scale(c.residual_multiplier)
-    w.add_logit_scale(c.logits_scaling)
+    m = c.multipliers
+    if m.attention is not None:
+        w.add_attention_scale(m.attention)
+    w.add_embedding_scale(m.embedding)
+    w.add_residual_scale(m.residual)
+    w.add_logit_scale(m.logits)
 
 
 FAMILY = Family(

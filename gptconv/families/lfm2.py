@@ -13,7 +13,7 @@ a per-layer ``head_count_kv`` and has no biases on its conv layers (a config wit
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gguf import Keys
 
@@ -29,6 +29,10 @@ from ..errors import GptconvError, where
 from ..layers.decoder import CONV, FULL, Llama, LlamaConfig
 from ..layers.short_conv import ShortConvShape
 from .base import Family, Preset
+
+if TYPE_CHECKING:
+    from gguf import GGUFWriter
+    from ..sources.gguf_file import GGUFFields
 
 # LiquidAI/LFM2-350M: 16 layers of 1024, attention in 6 of them (2, 5, 8, 10, 12, 14: the indices are from
 # memory and not checked; the count does not depend on them), 16 query heads sharing 8 K/V heads, a 3-tap
@@ -105,7 +109,7 @@ def hf_keymap(c: LlamaConfig):
     return decoder_hf_keymap(c, "lfm2", _HF_LAYER, [_HF_CONV], final_norm="model.embedding_norm.weight")
 
 
-def config_from_gguf(f: Any, tensors: dict) -> LlamaConfig:
+def config_from_gguf(f: GGUFFields, tensors: dict) -> LlamaConfig:
     """llama.cpp's lfm2: a layer with 0 K/V heads is a conv layer; the others share one K/V head count."""
     refuse_experts(f)
     if f.get(Keys.Attention.SLIDING_WINDOW, int, 0):
@@ -120,7 +124,7 @@ def config_from_gguf(f: Any, tensors: dict) -> LlamaConfig:
                                     layer_types=types, short_conv=conv)
 
 
-def gguf_metadata(w: Any, c: LlamaConfig) -> None:
+def gguf_metadata(w: GGUFWriter, c: LlamaConfig) -> None:
     """llama.cpp's converter: the generic keys (K/V heads per layer, 0 on conv layers), the vocabulary size
     and the conv's kernel; the key length only where head_dim is not d / heads."""
     if c.short_conv is not None and c.short_conv.bias:

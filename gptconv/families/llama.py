@@ -7,7 +7,7 @@ are permuted from HF's rotate-half order (PERMUTE_Q / PERMUTE_K).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gguf import Keys
 
@@ -18,6 +18,9 @@ from ..convert.hf_decoder import (ATTENTION, DECODER_HF_STEPS, MLP, NORMS, decod
 from ..layers.decoder import Llama, LlamaConfig
 from ..layers.rope import RopeScaling
 from .base import Family, Preset
+
+if TYPE_CHECKING:
+    from ..sources.gguf_file import GGUFFields
 
 _LLAMA31 = RopeScaling("llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_context_length=8192)
 _LLAMA32 = RopeScaling("llama3", factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0, original_context_length=8192)
@@ -62,7 +65,7 @@ def config_to_hf(c: LlamaConfig) -> dict[str, Any]:
                                 window=False)
 
 
-def config_from_gguf(f: Any, tensors: dict) -> LlamaConfig:
+def config_from_gguf(f: GGUFFields, tensors: dict) -> LlamaConfig:
     return decoder_config_from_gguf(f, tensors, "llama")
 
 

@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gguf import Keys
 
@@ -16,6 +16,9 @@ from ..convert.hf_decoder import (ATTENTION, DECODER_HF_STEPS, MLP, NORMS, decod
                                   decoder_hf_keymap, describe_decoder, window_on_every_layer)
 from ..layers.decoder import Llama, LlamaConfig
 from .base import Family, Preset, Wrapper
+
+if TYPE_CHECKING:
+    from ..sources.gguf_file import GGUFFields
 
 _V01 = Preset(LlamaConfig(vocab_size=32000, context_length=32768, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=8,
                           d_ff=14336, rope_theta=10000.0, sliding_window=4096, bos_token_id=1, eos_token_id=2,
@@ -32,7 +35,7 @@ def config_to_hf(c: LlamaConfig) -> dict[str, Any]:
     return decoder_config_to_hf(c, "mistral", "MistralForCausalLM")
 
 
-def config_from_gguf(f: Any, tensors: dict) -> LlamaConfig:
+def config_from_gguf(f: GGUFFields, tensors: dict) -> LlamaConfig:
     return decoder_config_from_gguf(f, tensors, "mistral", sliding_window=window_of(f))
 
 

@@ -8,7 +8,7 @@ layer's experts in one tensor per matrix and keeps the router in F32.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gguf import Keys
 
@@ -20,11 +20,15 @@ from ..convert.hf_decoder import (ATTENTION, DECODER_HF_STEPS, NORMS, decoder_co
                                   window_on_every_layer)
 from ..convert.keymap import KeyMap, Map, Rule
 from ..layers.decoder import Llama, LlamaConfig
+from ..layers.mlp import Experts
 from .base import Family, Preset
+
+if TYPE_CHECKING:
+    from ..sources.gguf_file import GGUFFields
 
 PRESETS: dict[str, Preset] = {
     "mixtral-8x7b": Preset(LlamaConfig(vocab_size=32000, context_length=32768, d_model=4096, n_layers=32, n_heads=32,
-                                       n_kv_heads=8, d_ff=14336, rope_theta=1000000.0, n_experts=8, n_experts_used=2,
+                                       n_kv_heads=8, d_ff=14336, rope_theta=1000000.0, experts=Experts(8, 2),
                                        bos_token_id=1, eos_token_id=2, family="mixtral"),
                            "mistralai/Mixtral-8x7B-v0.1"),
 }
@@ -32,15 +36,15 @@ PRESETS: dict[str, Preset] = {
 
 def config_from_hf(data: dict[str, Any], origin: object) -> LlamaConfig:
     f = ConfigFields(data, origin)
-    experts = dict(n_experts=f.int("num_local_experts"), n_experts_used=f.int("num_experts_per_tok"))
+    experts = Experts(f.int("num_local_experts"), f.int("num_experts_per_tok"))
     return decoder_config_from_hf(f, "mixtral", {"rms_norm_eps": 1e-5, "rope_theta": 1e6},
-                                  sliding_window=window_on_every_layer(f, None), **experts)
+                                  sliding_window=window_on_every_layer(f, None), experts=experts)
 
 
 def config_to_hf(c: LlamaConfig) -> dict[str, Any]:
     """As transformers writes Mixtral's config: no head_dim unless it is not d / heads."""
     out = decoder_config_to_hf(c, "mixtral", "MixtralForCausalLM", experts=True)
-    out.update(num_local_experts=c.n_experts, num_experts_per_tok=c.n_experts_used)
+    out.update(num_local_experts=c.experts.count, num_experts_per_tok=c.experts.used)
     if c.head_dim == c.d_model // c.n_heads:
         out["head_dim"] = None
     return out
@@ -64,7 +68,7 @@ def hf_keymap(c: LlamaConfig, module: bool = False) -> KeyMap:
     return decoder_hf_keymap(c, "mixtral", NORMS + ATTENTION + _MOE, _moe_fused(c), fused_first=module)
 
 
-def config_from_gguf(f: Any, tensors: dict) -> LlamaConfig:
+def config_from_gguf(f: GGUFFields, tensors: dict) -> LlamaConfig:
     return decoder_config_from_gguf(f, tensors, "mixtral", sliding_window=window_of(f), **experts_of(f))
 
 

@@ -6,7 +6,7 @@ projection (all heads together) before RoPE. OLMo 3 adds sliding windows on thre
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gguf import Keys
 
@@ -21,6 +21,10 @@ from ..errors import where
 from ..layers.decoder import FULL, SLIDING, Llama, LlamaConfig
 from .base import Family, Preset
 from ..convert.gguf_meta import block_count
+
+if TYPE_CHECKING:
+    from gguf import GGUFWriter
+    from ..sources.gguf_file import GGUFFields
 
 _OLMO = dict(qk_norm=True, qk_norm_over="all", norms="post", family="olmo2")
 
@@ -69,7 +73,7 @@ def config_to_hf(c: LlamaConfig) -> dict[str, Any]:
     return out
 
 
-def config_from_gguf(f: Any, tensors: dict) -> LlamaConfig:
+def config_from_gguf(f: GGUFFields, tensors: dict) -> LlamaConfig:
     refuse_experts(f)
     window = f.get(Keys.Attention.SLIDING_WINDOW, int, 0) or None
     pattern = f.get(Keys.Attention.SLIDING_WINDOW_PATTERN, list, None)
@@ -88,7 +92,7 @@ def config_from_gguf(f: Any, tensors: dict) -> LlamaConfig:
                                     **{k: v for k, v in _OLMO.items() if k != "family"})
 
 
-def gguf_metadata(w: Any, c: LlamaConfig) -> None:
+def gguf_metadata(w: GGUFWriter, c: LlamaConfig) -> None:
     """llama.cpp's converter: the generic keys, and for OLMo 3 the window and which layers slide."""
     add_decoder_hparams(w, c, has=_HAS, arch="olmo2")
     add_key_length(w, c, always=False)

@@ -9,7 +9,7 @@ llama.cpp's phi3 rotates halves as HF does; its GGUF holds the factors as two te
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..convert.gguf_decoder import (add_decoder_hparams, add_linear_scaling, decoder_config_from_gguf,
                                     decoder_gguf_keymap, refuse_experts, window_of)
@@ -21,6 +21,10 @@ from ..convert.keymap import Fused, KeyMap, Map, concat
 from ..layers.decoder import Llama, LlamaConfig
 from ..layers.rope import RopeScaling
 from .base import Family, Preset
+
+if TYPE_CHECKING:
+    from gguf import GGUFWriter
+    from ..sources.gguf_file import GGUFFields
 
 # microsoft/Phi-4-mini-instruct's longrope (config.json at revision cfbefacb99257ffa30c83adab238a50856ac3083,
 # as a public repository records it): RoPE on 96 of 128 dimensions, 48 factors each, original context 4096
@@ -92,12 +96,12 @@ _GGUF_LAYER = [Fused(gguf_name(T.ATTN_QKV), [f"blocks.{{i}}.attn.{n}.weight" for
                Map(gguf_name(T.ATTN_OUT), "blocks.{i}.attn.o.weight"),
                Map(gguf_name(T.FFN_DOWN), "blocks.{i}.mlp.down.weight")]
 
-def config_from_gguf(f: Any, tensors: dict) -> LlamaConfig:
+def config_from_gguf(f: GGUFFields, tensors: dict) -> LlamaConfig:
     refuse_experts(f)
     return decoder_config_from_gguf(f, tensors, "phi3", fused_qkv=True, sliding_window=window_of(f),
                                     partial_rotary=True)
 
-def gguf_metadata(w: Any, c: LlamaConfig) -> None:
+def gguf_metadata(w: GGUFWriter, c: LlamaConfig) -> None:
     """llama.cpp's converter's keys; with longrope its attention factor too (the factors are tensors, written
     with the weights). The converter computes that factor from the context and the original one (as
     transformers does where the config gives none); we write the config's, which llama.cpp runs."""

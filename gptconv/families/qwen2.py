@@ -6,7 +6,7 @@ llama.cpp's qwen2 rotates halves as HF does: no Q/K permutation.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..convert.gguf_decoder import (add_decoder_hparams, add_key_length, add_linear_scaling, add_window,
                                     decoder_config_from_gguf, decoder_gguf_keymap, refuse_experts, standard_layer,
@@ -17,6 +17,10 @@ from ..convert.hf_decoder import (ATTENTION, DECODER_HF_STEPS, MLP, NORMS, decod
                                   windows_to_hf)
 from ..layers.decoder import Llama, LlamaConfig
 from .base import Family, Preset
+
+if TYPE_CHECKING:
+    from gguf import GGUFWriter
+    from ..sources.gguf_file import GGUFFields
 
 PRESETS: dict[str, Preset] = {
     "qwen2.5-0.5b": Preset(LlamaConfig(vocab_size=151936, context_length=32768, d_model=896, n_layers=24, n_heads=14,
@@ -37,12 +41,12 @@ def config_to_hf(c: LlamaConfig) -> dict[str, Any]:
             **windows_to_hf(c)}
 
 
-def config_from_gguf(f: Any, tensors: dict) -> LlamaConfig:
+def config_from_gguf(f: GGUFFields, tensors: dict) -> LlamaConfig:
     refuse_experts(f)
     return decoder_config_from_gguf(f, tensors, "qwen2", sliding_window=window_of(f))
 
 
-def gguf_metadata(w: Any, c: LlamaConfig) -> None:
+def gguf_metadata(w: GGUFWriter, c: LlamaConfig) -> None:
     add_decoder_hparams(w, c)
     add_window(w, c, "qwen2", kept=False)
     add_key_length(w, c, always=False)

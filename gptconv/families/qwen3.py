@@ -5,7 +5,7 @@ sizes. llama.cpp's qwen3 rotates halves as HF does: no Q/K permutation.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..convert.gguf_decoder import (QK_NORM as GGUF_QK_NORM, add_decoder_hparams, add_key_length, add_linear_scaling,
                                     add_window, decoder_config_from_gguf, decoder_gguf_keymap, refuse_experts,
@@ -16,6 +16,10 @@ from ..convert.hf_decoder import (ATTENTION, DECODER_HF_STEPS, MLP, NORMS, QK_NO
                                   windows_to_hf)
 from ..layers.decoder import Llama, LlamaConfig
 from .base import Family, Preset, Wrapper
+
+if TYPE_CHECKING:
+    from gguf import GGUFWriter
+    from ..sources.gguf_file import GGUFFields
 
 
 def _dense(d_model: int, n_layers: int, n_heads: int, d_ff: int, tie: bool) -> LlamaConfig:
@@ -46,12 +50,12 @@ def config_to_hf(c: LlamaConfig) -> dict[str, Any]:
             **windows_to_hf(c)}
 
 
-def config_from_gguf(f: Any, tensors: dict) -> LlamaConfig:
+def config_from_gguf(f: GGUFFields, tensors: dict) -> LlamaConfig:
     refuse_experts(f)
     return decoder_config_from_gguf(f, tensors, "qwen3", sliding_window=window_of(f), qk_norm=True)
 
 
-def gguf_metadata(w: Any, c: LlamaConfig) -> None:
+def gguf_metadata(w: GGUFWriter, c: LlamaConfig) -> None:
     add_decoder_hparams(w, c)
     add_window(w, c, "qwen3", kept=False)
     add_key_length(w, c, always=True)

@@ -13,7 +13,7 @@ and export writes them back (GGUF: as llama.cpp's converter does, ``convert/mtp.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..convert.gguf_hybrid import add_hybrid_hparams, add_mrope_sections, hybrid_config_from_gguf, hybrid_gguf_keymap
 from ..convert.hf_config import ConfigFields
@@ -24,6 +24,9 @@ from ..convert.hf_hybrid import (GATED_ATTENTION, GATED_Q, LINEAR_ATTENTION, LIN
 from ..layers.decoder import Llama, LlamaConfig
 from ..layers.linear_attention import DeltaNetShape
 from .base import Family, Preset, Wrapper
+
+if TYPE_CHECKING:
+    from gguf import GGUFWriter
 
 PRESETS: dict[str, Preset] = {
     # Qwen/Qwen3.5-0.8B: 24 layers of 1024 (3 linear : 1 full), 8 query heads and 2 K/V heads of 256 with RoPE
@@ -56,7 +59,7 @@ def hf_keymap(c: LlamaConfig):
                              mtp=True)
 
 
-def gguf_metadata(w: Any, c: LlamaConfig) -> None:
+def gguf_metadata(w: GGUFWriter, c: LlamaConfig) -> None:
     add_hybrid_hparams(w, c, "qwen35", has=_HAS)
     add_mrope_sections(w, c, "qwen35")
 

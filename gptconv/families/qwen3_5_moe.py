@@ -7,7 +7,7 @@ both layouts are read. The multi-token-prediction layers (``mtp.*``) are held, n
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..convert.gguf_hybrid import add_hybrid_hparams, add_mrope_sections, hybrid_config_from_gguf, hybrid_gguf_keymap
 from ..convert.hf_config import ConfigFields
@@ -19,8 +19,13 @@ from ..convert.hf_hybrid import (GATED_ATTENTION, GATED_Q, LINEAR_ATTENTION, LIN
 from ..convert.keymap import KeyMap
 from ..layers.decoder import FULL, LINEAR, Llama, LlamaConfig
 from ..layers.linear_attention import DeltaNetShape
+from ..layers.mlp import Experts
 from .base import Family, Preset, Wrapper
 from .qwen3_next import HAS
+
+if TYPE_CHECKING:
+    from gguf import GGUFWriter
+    from ..sources.gguf_file import GGUFFields
 
 PRESETS: dict[str, Preset] = {
     # Qwen/Qwen3.6-35B-A3B: 40 layers of 2048 (3 linear : 1 full), 16 query and 2 K/V heads of 256 (RoPE on 64),
@@ -30,7 +35,7 @@ PRESETS: dict[str, Preset] = {
         head_dim=256, norm_eps=1e-6, rope_theta=10000000.0, rope_dim=64, qk_norm=True, offset_norms=True,
         attention_gate=True, layer_types=tuple(FULL if (i + 1) % 4 == 0 else LINEAR for i in range(40)),
         linear_attention=DeltaNetShape(k_heads=16, v_heads=32, k_dim=128, v_dim=128, conv_kernel=4),
-        n_experts=256, n_experts_used=8, shared_expert_d_ff=512, norm_topk_prob=True, eos_token_id=248044,
+        experts=Experts(256, 8, shared_d_ff=512), eos_token_id=248044,
         family="qwen3_5_moe"), "Qwen/Qwen3.6-35B-A3B"),
 }
 
@@ -39,16 +44,17 @@ def config_from_hf(data: dict[str, Any], origin: object) -> LlamaConfig:
     f = ConfigFields(data, origin)
     size = f.positive("moe_intermediate_size", 512)  # every layer routes: the experts' size is the MLP's
     return hybrid_config_from_hf(ConfigFields({**data, "intermediate_size": size}, origin), "qwen3_5_moe",
-                                 n_experts=f.positive("num_experts", 256), n_experts_used=f.positive("num_experts_per_tok", 8),
-                                 shared_expert_d_ff=f.positive("shared_expert_intermediate_size", 512))
+                                 experts=Experts(f.positive("num_experts", 256), f.positive("num_experts_per_tok", 8),
+                                                 shared_d_ff=f.positive("shared_expert_intermediate_size", 512)))
 
 
 def config_to_hf(c: LlamaConfig) -> dict[str, Any]:
     out = decoder_config_to_hf(c, "qwen3_5_moe_text", "Qwen3_5MoeForCausalLM", biases=(c.qkv_bias, c.qkv_bias, False),
                                window=False, qk_norm=True, experts=True, has=HAS)
     out.pop("intermediate_size")
-    out.update(num_experts=c.n_experts, num_experts_per_tok=c.n_experts_used, moe_intermediate_size=c.moe_d_ff or c.d_ff,
-               shared_expert_intermediate_size=c.shared_expert_d_ff)
+    e = c.experts
+    out.update(num_experts=e.count, num_experts_per_tok=e.used, moe_intermediate_size=e.d_ff or c.d_ff,
+               shared_expert_intermediate_size=e.shared_d_ff)
     return {**out, **hybrid_to_hf(c)}
 
 
@@ -58,15 +64,15 @@ def hf_keymap(c: LlamaConfig, module: bool = False) -> KeyMap:
                              [GATED_Q, LINEAR_CONV, *fused_experts(c)], fused_first=module, mtp=True)
 
 
-def config_from_gguf(f: Any, tensors: dict) -> LlamaConfig:
+def config_from_gguf(f: GGUFFields, tensors: dict) -> LlamaConfig:
     """The experts' size is the MLP's: the file has no dense one (no feed_forward_length)."""
     from gguf import Keys
     size = f.get(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, int)
-    return hybrid_config_from_gguf(f, tensors, "qwen3_5_moe", d_ff=size, norm_topk_prob=True,
-                                   shared_expert_d_ff=f.get(Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH, int))
+    return hybrid_config_from_gguf(f, tensors, "qwen3_5_moe", d_ff=size, experts=dict(
+        renormalise=True, shared_d_ff=f.get(Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH, int)))
 
 
-def gguf_metadata(w: Any, c: LlamaConfig) -> None:
+def gguf_metadata(w: GGUFWriter, c: LlamaConfig) -> None:
     add_hybrid_hparams(w, c, "qwen35moe", has=HAS, feed_forward=False)
     add_mrope_sections(w, c, "qwen35moe")
 

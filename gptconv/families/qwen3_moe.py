@@ -13,7 +13,7 @@ with dense layers or unnormalised weights is not exported to GGUF.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gguf import Keys
 
@@ -27,14 +27,19 @@ from ..convert.hf_decoder import (ATTENTION, DECODER_HF_STEPS, EXPERT_ROWS, MLP,
 from ..convert.keymap import KeyMap
 from ..errors import where
 from ..layers.decoder import Llama, LlamaConfig
+from ..layers.mlp import Experts
 from .base import Family, Preset
+
+if TYPE_CHECKING:
+    from gguf import GGUFWriter
+    from ..sources.gguf_file import GGUFFields
 
 PRESETS: dict[str, Preset] = {
     # Qwen/Qwen3-30B-A3B: 48 layers of 2048, 128 experts of 768 (8 per token, renormalised), untied
     "qwen3-30b-a3b": Preset(LlamaConfig(vocab_size=151936, context_length=40960, d_model=2048, n_layers=48,
                                         n_heads=32, n_kv_heads=4, d_ff=6144, head_dim=128, norm_eps=1e-6,
-                                        rope_theta=1000000.0, qk_norm=True, n_experts=128, n_experts_used=8,
-                                        moe_d_ff=768, norm_topk_prob=True, bos_token_id=151643,
+                                        rope_theta=1000000.0, qk_norm=True, experts=Experts(128, 8, d_ff=768),
+                                        bos_token_id=151643,
                                         eos_token_id=151645, family="qwen3_moe"), "Qwen/Qwen3-30B-A3B"),
 }
 
@@ -56,8 +61,9 @@ def config_from_hf(data: dict[str, Any], origin: object) -> LlamaConfig:
 def config_to_hf(c: LlamaConfig) -> dict[str, Any]:
     out = decoder_config_to_hf(c, "qwen3_moe", "Qwen3MoeForCausalLM", biases=(c.qkv_bias, c.qkv_bias, False),
                                qk_norm=True, experts=True, has=_HAS)
-    out.update(num_experts=c.n_experts, num_experts_per_tok=c.n_experts_used, moe_intermediate_size=c.moe_d_ff or c.d_ff,
-               norm_topk_prob=c.norm_topk_prob, decoder_sparse_step=1,
+    e = c.experts
+    out.update(num_experts=e.count, num_experts_per_tok=e.used, moe_intermediate_size=e.d_ff or c.d_ff,
+               norm_topk_prob=e.renormalise, decoder_sparse_step=1,
                mlp_only_layers=[i for i in range(c.n_layers) if not c.experts_at(i)],
                use_sliding_window=c.sliding_window is not None)
     return out
@@ -70,27 +76,26 @@ def hf_keymap(c: LlamaConfig, module: bool = False) -> KeyMap:
                              fused_first=module)
 
 
-def config_from_gguf(f: Any, tensors: dict) -> LlamaConfig:
+def config_from_gguf(f: GGUFFields, tensors: dict) -> LlamaConfig:
     """llama.cpp's qwen3moe: experts on every layer, their weights renormalised (it says so in its code, not
     the file), no window, no shared expert."""
-    experts = experts_of(f)
+    experts = experts_of(f, renormalise=True, d_ff=f.get(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, int))
     if not experts:
         raise where(f.path, "qwen3moe without expert_count")
     for key in (Keys.Attention.SLIDING_WINDOW, Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH):
         if f.get(key, int, 0):
             raise where(f.path, f"'{key.format(arch=f.arch)}' is not supported: llama.cpp's qwen3moe has no such "
                                 "feature")
-    return decoder_config_from_gguf(f, tensors, "qwen3_moe", qk_norm=True, norm_topk_prob=True,
-                                    moe_d_ff=f.get(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, int), **experts)
+    return decoder_config_from_gguf(f, tensors, "qwen3_moe", qk_norm=True, **experts)
 
 
-def gguf_metadata(w: Any, c: LlamaConfig) -> None:
+def gguf_metadata(w: GGUFWriter, c: LlamaConfig) -> None:
     """llama.cpp's converter: the generic keys, the key length, and the experts' size."""
     add_decoder_hparams(w, c, has=frozenset({"expert size"}), arch="qwen3moe")
     add_window(w, c, "qwen3moe", kept=False)
     add_key_length(w, c, always=True)
     add_linear_scaling(w, c)
-    w.add_expert_feed_forward_length(c.moe_d_ff or c.d_ff)
+    w.add_expert_feed_forward_length(c.experts.d_ff or c.d_ff)
 
 
 FAMILY = Family(

@@ -12,7 +12,7 @@ are held, not run (``layers/mtp.py``).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..convert.gguf_hybrid import add_hybrid_hparams, hybrid_config_from_gguf, hybrid_gguf_keymap
 from ..convert.hf_config import ConfigFields
@@ -24,7 +24,11 @@ from ..convert.hf_hybrid import (GATED_ATTENTION, GATED_Q, LINEAR_ATTENTION, LIN
 from ..convert.keymap import KeyMap
 from ..layers.decoder import FULL, LINEAR, Llama, LlamaConfig
 from ..layers.linear_attention import DeltaNetShape
+from ..layers.mlp import Experts
 from .base import Family, Preset
+
+if TYPE_CHECKING:
+    from ..sources.gguf_file import GGUFFields
 
 PRESETS: dict[str, Preset] = {
     # Qwen/Qwen3-Next-80B-A3B-Instruct: 48 layers of 2048 (3 linear : 1 full), 16 query and 2 K/V heads of 256
@@ -35,7 +39,7 @@ PRESETS: dict[str, Preset] = {
         head_dim=256, norm_eps=1e-6, rope_theta=10000000.0, rope_dim=64, qk_norm=True, offset_norms=True,
         attention_gate=True, layer_types=tuple(FULL if (i + 1) % 4 == 0 else LINEAR for i in range(48)),
         linear_attention=DeltaNetShape(k_heads=16, v_heads=32, k_dim=128, v_dim=128, conv_kernel=4),
-        n_experts=512, n_experts_used=10, moe_d_ff=512, shared_expert_d_ff=512, norm_topk_prob=True,
+        experts=Experts(512, 10, d_ff=512, shared_d_ff=512, renormalise=True),
         bos_token_id=151643, eos_token_id=151645, family="qwen3_next"), "Qwen/Qwen3-Next-80B-A3B-Instruct"),
 }
 
@@ -45,16 +49,17 @@ HAS = frozenset({"layer_types", "linear attention", "attention output gate", "of
 
 def config_from_hf(data: dict[str, Any], origin: object) -> LlamaConfig:
     f = ConfigFields(data, origin)
-    return hybrid_config_from_hf(f, "qwen3_next", shared_expert_d_ff=f.positive("shared_expert_intermediate_size", 512),
-                                 **experts_from_hf(f))
+    return hybrid_config_from_hf(f, "qwen3_next",
+                                 **experts_from_hf(f, shared_d_ff=f.positive("shared_expert_intermediate_size", 512)))
 
 
 def config_to_hf(c: LlamaConfig) -> dict[str, Any]:
     out = decoder_config_to_hf(c, "qwen3_next", "Qwen3NextForCausalLM", biases=(c.qkv_bias, c.qkv_bias, False),
                                window=False, qk_norm=True, experts=True,
                                has=HAS | {"unnormalised expert weights", "dense layers among experts"})
-    out.update(num_experts=c.n_experts, num_experts_per_tok=c.n_experts_used, moe_intermediate_size=c.moe_d_ff or c.d_ff,
-               shared_expert_intermediate_size=c.shared_expert_d_ff, norm_topk_prob=c.norm_topk_prob,
+    e = c.experts
+    out.update(num_experts=e.count, num_experts_per_tok=e.used, moe_intermediate_size=e.d_ff or c.d_ff,
+               shared_expert_intermediate_size=e.shared_d_ff, norm_topk_prob=e.renormalise,
                decoder_sparse_step=1, mlp_only_layers=[i for i in range(c.n_layers) if not c.experts_at(i)])
     return {**out, **hybrid_to_hf(c)}
 
@@ -68,12 +73,12 @@ def hf_keymap(c: LlamaConfig, module: bool = False) -> KeyMap:
                              fused_first=module, mtp=True)
 
 
-def config_from_gguf(f: Any, tensors: dict) -> LlamaConfig:
+def config_from_gguf(f: GGUFFields, tensors: dict) -> LlamaConfig:
     """llama.cpp's qwen3next: experts on every layer, their weights renormalised, a shared expert."""
     from gguf import Keys
-    return hybrid_config_from_gguf(f, tensors, "qwen3_next", norm_topk_prob=True,
-                                   moe_d_ff=f.get(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, int),
-                                   shared_expert_d_ff=f.get(Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH, int))
+    return hybrid_config_from_gguf(f, tensors, "qwen3_next", experts=dict(
+        renormalise=True, d_ff=f.get(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, int),
+        shared_d_ff=f.get(Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH, int)))
 
 
 FAMILY = Family(

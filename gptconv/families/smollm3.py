@@ -8,7 +8,7 @@ pattern, or with windows, is not exported to GGUF.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..convert.gguf_decoder import (add_decoder_hparams, add_window, decoder_config_from_gguf, decoder_gguf_keymap,
                                     refuse_experts, standard_layer)
@@ -19,6 +19,10 @@ from ..errors import GptconvError, where
 from ..layers.decoder import FULL, SLIDING, Llama, LlamaConfig
 from .base import Family, Preset
 from ..convert.gguf_meta import block_count
+
+if TYPE_CHECKING:
+    from gguf import GGUFWriter
+    from ..sources.gguf_file import GGUFFields
 
 LLAMA_CPP_NOPE_STEP = 4  # llama.cpp's smollm3: layer i rotates unless (i + 1) % 4 == 0
 
@@ -75,7 +79,7 @@ def config_to_hf(c: LlamaConfig) -> dict[str, Any]:
     return out
 
 
-def config_from_gguf(f: Any, tensors: dict) -> LlamaConfig:
+def config_from_gguf(f: GGUFFields, tensors: dict) -> LlamaConfig:
     """What llama.cpp runs: every 4th layer NoPE, no window."""
     refuse_experts(f)
     from gguf import Keys
@@ -85,7 +89,7 @@ def config_from_gguf(f: Any, tensors: dict) -> LlamaConfig:
     return decoder_config_from_gguf(f, tensors, "smollm3", rope_layers=every_nth_nope(n, LLAMA_CPP_NOPE_STEP))
 
 
-def gguf_metadata(w: Any, c: LlamaConfig) -> None:
+def gguf_metadata(w: GGUFWriter, c: LlamaConfig) -> None:
     """llama.cpp's converter (its LlamaModel): the generic keys, the vocabulary size and RoPE's dimensions;
     nothing of NoPE layers, which llama.cpp fixes at every 4th."""
     llama_cpp = every_nth_nope(c.n_layers, LLAMA_CPP_NOPE_STEP)

@@ -12,7 +12,6 @@ some are a gated short convolution (``layers/short_conv.py``): over their last f
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -24,8 +23,9 @@ from .kv_cache import KVCache
 from .linear import Linear, linear
 from .linear_attention import DeltaNetShape, GatedDeltaNet
 from .mla import MLAShape, MLAttention
-from .mlp import ClampedSwiGLU, MoE, SwiGLU
+from .mlp import Experts, MoE, SwiGLU
 from .mtp import MTP
+from .multipliers import Multipliers
 from .norms import OffsetRMSNorm, RMSNorm
 from .rope import RopeScaling, rope_frequencies
 from .short_conv import ShortConv, ShortConvShape
@@ -67,27 +67,12 @@ class LlamaConfig:
     # layers' YaRN left out); None: every layer the same RoPE
     norms: str = "pre"  # "pre": RMSNorm before each sublayer; "post": on its output before the residual
     # add (OLMo 2, EXAONE 4); "sandwich": both
-    embedding_multiplier: float = 1.0  # µP (Granite): the token embedding ×,
-    residual_multiplier: float = 1.0  # each sublayer's output × before the residual add,
-    attention_scale: float | None = None  # attention scores × (None: head_dim^-½),
-    logits_scaling: float = 1.0  # the logits ÷
-    n_experts: int = 0  # routed experts: a router picks n_experts_used of n_experts SwiGLU MLPs per token
-    n_experts_used: int = 0
-    norm_topk_prob: bool = True  # the chosen experts' probabilities renormalised to sum to 1 (Mixtral)
-    moe_d_ff: int = 0  # each expert's hidden size; 0 → d_ff (then d_ff is the dense layers')
+    multipliers: Multipliers = Multipliers()  # µP (Granite): the embedding, residual, attention, logits scaled
+    experts: Experts | None = None  # routed experts and their router (``mlp.Experts``), on every layer or
     moe_layers: tuple[bool, ...] = ()  # per layer, experts (True) or the dense SwiGLU; () → experts on all
-    shared_expert_d_ff: int = 0  # a SwiGLU every token runs beside the routed experts, × sigmoid(gate(x)); 0: none
-    router_bias: bool = False  # the router has a bias (gpt-oss)
-    swiglu_limit: float | None = None  # the experts are gpt-oss's clamped SwiGLU with biases at this limit
-    swiglu_alpha: float = 1.702  # … and their gate's sigmoid slope (``mlp.ClampedSwiGLU``)
     attention_sinks: bool = False  # a learned logit per head joins the attention softmax (gpt-oss)
     mla: MLAShape | None = None  # multi-head latent attention on every layer (``layers/mla.py``): its sizes;
     # head_dim is then its q/k head (nope + rope) and rope_dim its rotated part
-    router_scoring: str = "softmax"  # or "sigmoid" (DeepSeek-V3: each expert scored alone, ``mlp.MoE.route``)
-    expert_groups: tuple[int, int] = (1, 1)  # (groups, groups kept): the choice first keeps the best groups
-    routed_scaling: float = 1.0  # the chosen experts' weights × (routed_scaling_factor)
-    router_correction_bias: bool = False  # a learned per-expert bias added to the scores for the choice only
-    shared_expert_gate: bool = True  # the shared expert's output × sigmoid(gate(x)) (False: as it is)
     mtp_layers: int = 0  # multi-token-prediction layers the checkpoint ships (``layers/mtp.py``): held, not run
     attention_dropout: float = 0.0  # on the attention weights, in train mode only
     # training-time features of the source's config that gptconv does not implement (residual dropout,
@@ -114,11 +99,6 @@ class LlamaConfig:
         check_rope_heads(self)
         if self.sliding_window is not None:
             check_sizes(self, {"sliding_window": 1 << 24})
-        if self.n_experts or self.n_experts_used:
-            check_sizes(self, {"n_experts": 1024, "n_experts_used": self.n_experts})
-        for name in ("moe_d_ff", "shared_expert_d_ff"):
-            if getattr(self, name):
-                check_sizes(self, {name: 1 << 20})
         if self.mtp_layers:
             check_sizes(self, {"mtp_layers": 64})
         if self.rope_dim:
@@ -127,9 +107,6 @@ class LlamaConfig:
                 raise ValueError(f"rope_dim = {self.rope_dim} is odd: RoPE rotates pairs")
         if self.norms not in NORM_PLACES or self.qk_norm_over not in ("head", "all"):
             raise ValueError(f"norms '{self.norms}' / qk_norm_over '{self.qk_norm_over}' unknown")
-        check_range(self, ("embedding_multiplier", "residual_multiplier", "logits_scaling"), 0.0, 1e6, low_open=True)
-        if self.attention_scale is not None:
-            check_range(self, ("attention_scale",), 0.0, 1e6, low_open=True)
         for name, allowed in (("layer_types", (SLIDING, FULL, LINEAR, CONV)), ("rope_layers", (True, False)),
                               ("moe_layers", (True, False))):
             value = tuple(getattr(self, name))
@@ -143,21 +120,6 @@ class LlamaConfig:
             raise ValueError("linear_attention gives the sizes of layer_types' linear_attention layers: both or neither")
         if (CONV in self.layer_types) != (self.short_conv is not None):
             raise ValueError("short_conv gives the options of layer_types' conv layers: both or neither")
-        if self.shared_expert_d_ff and not self.n_experts:
-            raise ValueError("a shared expert without routed experts")
-        if (self.router_bias or self.swiglu_limit is not None) and not self.n_experts:
-            raise ValueError("a router bias or clamped SwiGLU experts without routed experts")
-        if self.swiglu_limit is not None:
-            check_range(self, ("swiglu_limit", "swiglu_alpha"), 0.0, 1e6, low_open=True)
-        check_range(self, ("routed_scaling",), 0.0, 1e6, low_open=True)
-        if self.router_scoring not in ("softmax", "sigmoid"):
-            raise ValueError(f"router_scoring '{self.router_scoring}': softmax or sigmoid")
-        groups, kept = self.expert_groups
-        # a group is scored by its best two experts (DeepSeek's and GLM's routing): two at least in each
-        if (groups, kept) != (1, 1) and not (self.n_experts and groups > 0 and self.n_experts % groups == 0
-                                             and self.n_experts // groups >= 2 and 0 < kept <= groups):
-            raise ValueError(f"expert_groups {self.expert_groups}: {self.n_experts} experts in {groups} groups of two "
-                             f"or more, {kept} of them kept, is not possible")
         if self.mla is not None and (self.head_dim != self.mla.qk_head_dim
                                      or (self.rope_dim or self.head_dim) != self.mla.qk_rope_dim):
             raise ValueError(f"multi-head latent attention: head_dim {self.head_dim} and rope_dim {self.rope_dim} "
@@ -171,7 +133,7 @@ class LlamaConfig:
         for name in ("rope_layers", "moe_layers"):
             if all(getattr(self, name)):
                 object.__setattr__(self, name, ())
-        if self.moe_layers and not self.n_experts:
+        if self.moe_layers and self.experts is None:
             raise ValueError("moe_layers without experts")
         if self.rope_dim == self.head_dim:
             object.__setattr__(self, "rope_dim", 0)
@@ -182,7 +144,7 @@ class LlamaConfig:
     def features(self) -> set[str]:
         """What this config asks of the decoder beyond Llama's, by the names a family's writers say they
         have (a writer refuses a config with a feature its format has no place for)."""
-        c = self
+        c, e = self, self.experts
         return {name for name, on in (
             ("layer_types", bool(c.layer_types)), ("NoPE layers", bool(c.rope_layers)),
             ("partial rotary", bool(c.rope_dim)),
@@ -190,19 +152,18 @@ class LlamaConfig:
             ("yarn", c.rope_scaling is not None and c.rope_scaling.kind == "yarn"),
             ("RoPE of its own on sliding layers", c.rope_local_theta is not None),
             (f"{c.norms} norms", c.norms != "pre"), ("q/k norm over the projection", c.qk_norm_over != "head"),
-            ("µP multipliers", (c.embedding_multiplier, c.residual_multiplier, c.attention_scale, c.logits_scaling)
-             != (1.0, 1.0, None, 1.0)),
-            ("unnormalised expert weights", not c.norm_topk_prob), ("expert size", bool(c.moe_d_ff)),
+            ("µP multipliers", c.multipliers.applied),
+            ("unnormalised expert weights", e is not None and not e.renormalise), ("expert size", bool(e and e.d_ff)),
             ("dense layers among experts", bool(c.moe_layers)),
             ("linear attention", LINEAR in c.layer_types), ("short convolution", CONV in c.layer_types),
             ("attention output gate", c.attention_gate),
-            ("offset norms", c.offset_norms), ("shared expert", bool(c.shared_expert_d_ff)),
-            ("MTP layers", bool(c.mtp_layers)), ("router bias", c.router_bias),
-            ("clamped SwiGLU experts", c.swiglu_limit is not None), ("attention sinks", c.attention_sinks),
-            ("multi-head latent attention", c.mla is not None), ("sigmoid router", c.router_scoring != "softmax"),
-            ("expert groups", c.expert_groups != (1, 1)), ("routed scaling", c.routed_scaling != 1.0),
-            ("router correction bias", c.router_correction_bias),
-            ("ungated shared expert", bool(c.shared_expert_d_ff) and not c.shared_expert_gate)) if on}
+            ("offset norms", c.offset_norms), ("shared expert", bool(e and e.shared_d_ff)),
+            ("MTP layers", bool(c.mtp_layers)), ("router bias", bool(e and e.router_bias)),
+            ("clamped SwiGLU experts", bool(e and e.clamp is not None)), ("attention sinks", c.attention_sinks),
+            ("multi-head latent attention", c.mla is not None), ("sigmoid router", bool(e and e.scoring != "softmax")),
+            ("expert groups", bool(e and e.groups != (1, 1))), ("routed scaling", bool(e and e.scaling != 1.0)),
+            ("router correction bias", bool(e and e.correction_bias)),
+            ("ungated shared expert", bool(e and e.shared_d_ff and not e.shared_gate))) if on}
 
     def window(self, layer: int) -> int | None:
         """The window layer ``layer`` attends within (None: every position)."""
@@ -224,7 +185,7 @@ class LlamaConfig:
         return not self.rope_layers or self.rope_layers[layer]
 
     def experts_at(self, layer: int) -> bool:
-        return bool(self.n_experts) and (not self.moe_layers or self.moe_layers[layer])
+        return self.experts is not None and (not self.moe_layers or self.moe_layers[layer])
 
 
 class Llama(nn.Module):
@@ -249,8 +210,8 @@ class Llama(nn.Module):
         step = Step.begin(ids, cache, attention_mask, tap, c.context_length)
         x = self.tok_emb(ids)                                       # (B, T, d): no position embedding
         tap("token_embedding", x)                                   # the lookup, as HF's embed_tokens gives it
-        if c.embedding_multiplier != 1.0:
-            x = x * c.embedding_multiplier                          # µP: the embedding scaled
+        if c.multipliers.embedding != 1.0:
+            x = x * c.multipliers.embedding                         # µP: the embedding scaled
         # (T, rope_dim) each: used inside attention; longrope's long factors once a step reaches past the
         # original context (transformers' rule, decided per forward call)
         s = c.rope_scaling
@@ -267,8 +228,8 @@ class Llama(nn.Module):
         tap("final_norm", x)
         head = self.tok_emb.weight if self.lm_head is None else self.lm_head.weight
         logits = linear(x, head)                                    # (B, T, V)
-        if c.logits_scaling != 1.0:
-            logits = logits / c.logits_scaling                      # µP: the logits scaled down
+        if c.multipliers.logits != 1.0:
+            logits = logits / c.multipliers.logits                  # µP: the logits scaled down
         tap("logits", logits)
         return logits
 
@@ -294,6 +255,30 @@ class Llama(nn.Module):
         return self._inv_freq[device, long, local]
 
 
+def token_mixer(c: LlamaConfig, layer: int) -> nn.Module:
+    """Layer ``layer``'s token mixer, the one step that mixes positions, (B, T, d) → (B, T, d) at a ``Step``:
+    by its layer type, a linear-attention layer (the gated delta rule) or a gated short convolution; else
+    attention, latent (MLA) where the model has its shape."""
+    if c.linear_at(layer):
+        return GatedDeltaNet(c.d_model, c.linear_attention, c.norm_eps)
+    if c.conv_at(layer):
+        return ShortConv(c.d_model, c.short_conv)
+    if c.mla is not None:
+        return MLAttention(c.d_model, c.n_heads, c.mla, lambda d: c.norm(d, c.mla.norm_eps), bias=c.qkv_bias)
+    return Attention(c.d_model, c.n_heads, c.n_kv_heads, c.head_dim, qkv_bias=c.qkv_bias, o_bias=c.o_bias,
+                     qk_norm=c.norm if c.qk_norm else None, qk_norm_over=c.qk_norm_over, window=c.window(layer),
+                     rope=c.rope_at(layer), scale=c.multipliers.attention, gate=c.attention_gate,
+                     sinks=c.attention_sinks, dropout=c.attention_dropout)
+
+
+def channel_mixer(c: LlamaConfig, layer: int) -> nn.Module:
+    """Layer ``layer``'s MLP, (B, T, d) → (B, T, d): routed experts where the model has them on this layer
+    (``mlp.Experts``), else the dense SwiGLU."""
+    if c.experts_at(layer):
+        return MoE(c.d_model, c.experts.d_ff or c.d_ff, c.experts)
+    return SwiGLU(c.d_model, c.d_ff, c.mlp_bias)
+
+
 class Block(nn.Module):
     """x + attn(norm1(x)), then x + mlp(norm2(x)): norms before the sublayers ("pre"); after them, on the
     sublayer's output before the residual add ("post": post_attn_norm, post_mlp_norm); or both ("sandwich")."""
@@ -304,25 +289,12 @@ class Block(nn.Module):
         pre, post = c.norms in ("pre", "sandwich"), c.norms in ("post", "sandwich")
         norm = c.norm
         self.norm1 = norm(c.d_model) if pre else None
-        # the layer's mixer, the one step that mixes positions: attention, a linear-attention layer or a short conv
-        self.attn = (GatedDeltaNet(c.d_model, c.linear_attention, c.norm_eps) if c.linear_at(layer) else
-                     ShortConv(c.d_model, c.short_conv) if c.conv_at(layer) else
-                     MLAttention(c.d_model, c.n_heads, c.mla, lambda d: norm(d, c.mla.norm_eps), bias=c.qkv_bias)
-                     if c.mla is not None else
-                     Attention(c.d_model, c.n_heads, c.n_kv_heads, c.head_dim, qkv_bias=c.qkv_bias, o_bias=c.o_bias,
-                               qk_norm=norm if c.qk_norm else None, qk_norm_over=c.qk_norm_over,
-                               window=c.window(layer), rope=c.rope_at(layer), scale=c.attention_scale,
-                               gate=c.attention_gate, sinks=c.attention_sinks, dropout=c.attention_dropout))
+        self.attn = token_mixer(c, layer)
         self.post_attn_norm = norm(c.d_model) if post else None
         self.norm2 = norm(c.d_model) if pre else None
-        expert = (SwiGLU if c.swiglu_limit is None
-                  else functools.partial(ClampedSwiGLU, limit=c.swiglu_limit, alpha=c.swiglu_alpha))
-        self.mlp = (MoE(c.d_model, c.moe_d_ff or c.d_ff, c.n_experts, c.n_experts_used, c.norm_topk_prob,
-                        c.shared_expert_d_ff, c.router_bias, expert, c.router_scoring, c.expert_groups,
-                        c.routed_scaling, c.router_correction_bias, c.shared_expert_gate)
-                    if c.experts_at(layer) else SwiGLU(c.d_model, c.d_ff, c.mlp_bias))
+        self.mlp = channel_mixer(c, layer)
         self.post_mlp_norm = norm(c.d_model) if post else None
-        self.residual_multiplier = c.residual_multiplier
+        self.residual_multiplier = c.multipliers.residual
 
     def forward(self, x: torch.Tensor, step: Step) -> torch.Tensor:
         h = self.attn(self.norm1(x) if self.norm1 is not None else x, step)  # (B, T, d)

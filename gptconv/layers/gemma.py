@@ -11,7 +11,7 @@ attention scores and the final logits (c · tanh(x / c)).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
@@ -57,7 +57,7 @@ class GemmaConfig:
     attention_dropout: float = 0.0  # on the attention weights, in train mode only
     bos_token_id: int | None = None
     eos_token_id: int | None = None
-    family: str = "gemma3"  # the family (gptconv/families/) whose formats write these weights
+    family: str = field(kw_only=True)  # the family (gptconv/families/) whose formats write these weights
 
     @property
     def arch(self) -> str:

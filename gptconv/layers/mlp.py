@@ -6,7 +6,7 @@ ungated GELU MLP lives with GPT-2 (``families/gpt2.py``), the one family that ha
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -92,6 +92,57 @@ def mix_experts(x: torch.Tensor, experts: nn.ModuleList, weights: torch.Tensor, 
     return out
 
 
+@dataclass(frozen=True)
+class Experts:
+    """A block's routed experts and their router (``MoE``): ``used`` of ``count`` experts per token, each an
+    MLP of ``d_ff`` (0: the model's dense d_ff), SwiGLU, or gpt-oss's clamped SwiGLU at ``clamp`` (slope
+    ``alpha``). The router scores by softmax or, DeepSeek-V3's, by sigmoid (a ``correction_bias`` added for
+    the choice only, ``groups`` (n, k): the best k of n groups first); the chosen weights renormalised to sum
+    to 1 where ``renormalise``, × ``scaling``; ``router_bias``: a bias on the router (gpt-oss). A shared expert
+    of ``shared_d_ff`` (0: none) runs on every token, × sigmoid(gate(x)) where ``shared_gate``."""
+
+    count: int
+    used: int
+    d_ff: int = 0
+    renormalise: bool = True  # HF's norm_topk_prob
+    scoring: str = "softmax"  # or "sigmoid"
+    groups: tuple[int, int] = (1, 1)  # (groups, groups kept)
+    scaling: float = 1.0  # HF's routed_scaling_factor
+    router_bias: bool = False
+    correction_bias: bool = False  # a learned per-expert bias on the scores, for the choice only
+    shared_d_ff: int = 0
+    shared_gate: bool = True
+    clamp: float | None = None  # gpt-oss's swiglu_limit: its clamped SwiGLU experts
+    alpha: float = 1.702  # … and their gate's sigmoid slope
+
+    def __post_init__(self) -> None:
+        try:
+            self._check()
+        except ValueError as e:
+            raise ValueError(f"experts: {e}") from None
+
+    def _check(self) -> None:
+        from .config_checks import check_range, check_sizes
+        check_sizes(self, {"count": 1024, "used": self.count})
+        for name in ("d_ff", "shared_d_ff"):
+            if getattr(self, name):
+                check_sizes(self, {name: 1 << 20})
+        if self.clamp is not None:
+            check_range(self, ("clamp", "alpha"), 0.0, 1e6, low_open=True)
+        check_range(self, ("scaling",), 0.0, 1e6, low_open=True)
+        if self.scoring not in ("softmax", "sigmoid"):
+            raise ValueError(f"router scoring '{self.scoring}': softmax or sigmoid")
+        groups, kept = self.groups
+        # a group is scored by its best two experts (DeepSeek's and GLM's routing): two at least in each
+        if (groups, kept) != (1, 1) and not (groups > 0 and self.count % groups == 0 and self.count // groups >= 2
+                                             and 0 < kept <= groups):
+            raise ValueError(f"expert_groups {self.groups}: {self.count} experts in {groups} groups of two or more, "
+                             f"{kept} of them kept, is not possible")
+
+    def expert(self, d_model: int, d_ff: int) -> nn.Module:
+        return SwiGLU(d_model, d_ff) if self.clamp is None else ClampedSwiGLU(d_model, d_ff, self.clamp, self.alpha)
+
+
 class MoE(nn.Module):
     """A sparse MLP: a linear router scores the experts per token; the top ``top_k`` (by softmax
     probability, renormalised to sum to 1 where ``normalize``, as Mixtral; Qwen3-MoE says so in its
@@ -106,22 +157,15 @@ class MoE(nn.Module):
     the k of n groups of experts whose two best scores sum highest; the chosen experts are weighed by their
     scores without the bias (renormalised where ``normalize``), × ``scale`` (routed_scaling_factor)."""
 
-    def __init__(self, d_model: int, d_ff: int, n_experts: int, top_k: int, normalize: bool = True,
-                 shared_d_ff: int = 0, router_bias: bool = False,
-                 expert: Callable[[int, int], nn.Module] = SwiGLU, scoring: str = "softmax",
-                 groups: tuple[int, int] = (1, 1), scale: float = 1.0, correction_bias: bool = False,
-                 shared_gate: bool = True) -> None:
+    def __init__(self, d_model: int, d_ff: int, e: Experts) -> None:
         super().__init__()
-        if scoring not in ("softmax", "sigmoid"):
-            raise ValueError(f"router scoring '{scoring}': softmax or sigmoid")
-        if n_experts % groups[0] or not 0 < groups[1] <= groups[0]:
-            raise ValueError(f"{n_experts} experts in {groups[0]} groups, {groups[1]} kept: not possible")
-        self.top_k, self.normalize, self.scoring, self.groups, self.scale = top_k, normalize, scoring, groups, scale
-        self.router = Linear(d_model, n_experts, bias=router_bias)
-        self.correction = nn.Parameter(torch.zeros(n_experts)) if correction_bias else None  # (E,)
-        self.experts = nn.ModuleList(expert(d_model, d_ff) for _ in range(n_experts))
-        self.shared = SwiGLU(d_model, shared_d_ff) if shared_d_ff else None
-        self.shared_gate = Linear(d_model, 1, bias=False) if shared_d_ff and shared_gate else None
+        self.top_k, self.normalize, self.scoring, self.groups, self.scale = e.used, e.renormalise, e.scoring, e.groups, \
+            e.scaling
+        self.router = Linear(d_model, e.count, bias=e.router_bias)
+        self.correction = nn.Parameter(torch.zeros(e.count)) if e.correction_bias else None  # (E,)
+        self.experts = nn.ModuleList(e.expert(d_model, d_ff) for _ in range(e.count))
+        self.shared = SwiGLU(d_model, e.shared_d_ff) if e.shared_d_ff else None
+        self.shared_gate = Linear(d_model, 1, bias=False) if e.shared_d_ff and e.shared_gate else None
 
     def forward(self, x: torch.Tensor, tap: Tap = no_tap) -> torch.Tensor:
         B, T, d = x.shape
