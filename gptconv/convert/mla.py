@@ -283,7 +283,6 @@ def deepseek2_gguf_metadata(w: GGUFWriter, c: LlamaConfig) -> None:
     w.add_key_length_mla(m.qk_head_dim)
     w.add_value_length_mla(m.v_head_dim)
     w.add_expert_feed_forward_length(e.d_ff)
-    w.add_expert_count(e.count)
     w.add_expert_shared_count(e.shared_d_ff // e.d_ff)
     w.add_expert_weights_scale(e.scaling)
     if e.renormalise:

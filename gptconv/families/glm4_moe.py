@@ -129,7 +129,6 @@ def gguf_metadata(w: GGUFWriter, c: LlamaConfig) -> None:
     w.add_expert_group_used_count(e.groups[1])
     add_key_length(w, c, always=True)
     w.add_rope_dimension_count(c.rope_dim or c.head_dim)
-    w.add_expert_count(e.count)
     w.add_expert_feed_forward_length(e.d_ff)
     w.add_expert_shared_count(e.shared_d_ff // e.d_ff)
     w.add_leading_dense_block_count(next((i for i in range(c.n_layers) if c.experts_at(i)), c.n_layers))
