@@ -27,6 +27,7 @@ from .layers.mtp import HELD
 from .errors import GptconvError, where
 from .sources.files import SIDE_FILES, UNLIMITED, regular_file
 from .models import build_empty
+from .layers.config_checks import MAX_LAYERS
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "f32": torch.float32,
           "float16": torch.float16, "fp16": torch.float16, "f16": torch.float16,
@@ -123,15 +124,13 @@ LAYER_COUNTS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers")
 
 
 def hf_config(family, data: dict, origin: object, tensors: dict) -> Any:
-    """``family.config_from_hf``, its layer count first bounded by the layers the tensors' names number (a
-    config's count drives per-layer lists before any tensor is matched), a part's refusal naming the file."""
-    import re
-    most = max((int(n) + 1 for key in tensors for n in re.findall(r"(?<=\.)\d+(?=\.)", key)), default=0)
+    """``family.config_from_hf``, its layer count first bounded (a config's count drives per-layer lists
+    before its own checks run; a count within the bound that the tensors lack, the key map reports), a
+    part's refusal naming the file."""
     for name in LAYER_COUNTS:
         n = data.get(name)
-        if isinstance(n, int) and not isinstance(n, bool) and n > max(most, 1):
-            raise GptconvError(f"{origin}: field '{name}' is {n}, but the checkpoint's tensors number at most "
-                               f"{most} layers")
+        if isinstance(n, int) and not isinstance(n, bool) and n > MAX_LAYERS:
+            raise GptconvError(f"{origin}: field '{name}': n_layers = {n} is not an integer in 1 … {MAX_LAYERS:,}")
     try:
         return family.config_from_hf(data, origin)
     except ValueError as e:  # a part's own config (MLA's, RoPE scaling's) refusing what the file says

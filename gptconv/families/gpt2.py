@@ -19,7 +19,7 @@ from ..convert.gguf_meta import T, gguf_config, gguf_name
 from ..convert.hf_config import ConfigFields, build_config
 from ..convert.keymap import TRANSPOSE, Drop, KeyMap, Map, TensorInfo, Tied
 from ..layers.attention import causal_attention
-from ..layers.config_checks import check_range, check_sizes
+from ..layers.config_checks import MAX_LAYERS, check_range, check_sizes
 from ..layers.kv_cache import KVCache, LayerKV
 from ..layers.linear import Linear, linear
 from ..layers.step import Step
@@ -52,7 +52,7 @@ class GPT2Config:
 
     def __post_init__(self) -> None:
         check_sizes(self, {"vocab_size": 10_000_000, "context_length": 1 << 24, "d_model": 1 << 16,
-                           "n_layers": 1024, "n_heads": 1024, "d_ff": 1 << 20})
+                           "n_layers": MAX_LAYERS, "n_heads": 1024, "d_ff": 1 << 20})
         check_range(self, ("embd_dropout", "attn_dropout", "resid_dropout"), 0.0, 1.0)
         check_range(self, ("norm_eps",), 0.0, 1.0, low_open=True)
         if self.d_model % self.n_heads:

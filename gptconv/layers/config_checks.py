@@ -4,6 +4,8 @@ its file)."""
 
 from __future__ import annotations
 
+MAX_LAYERS = 1024  # no model has more; a count past it is refused before per-layer lists are built
+
 
 def check_sizes(cfg: object, limits: dict[str, int]) -> None:
     """Refuse sizes that are not positive integers or are beyond any real model, before allocating."""

@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 
 from .attention import Attention
-from .config_checks import check_range, check_rope_heads, check_sizes, refuse_training
+from .config_checks import MAX_LAYERS, check_range, check_rope_heads, check_sizes, refuse_training
 from .kv_cache import KVCache
 from .linear import Linear, linear
 from .linear_attention import DeltaNetShape, GatedDeltaNet
@@ -89,7 +89,7 @@ class LlamaConfig:
         if self.head_dim == 0:
             object.__setattr__(self, "head_dim", self.d_model // max(self.n_heads, 1))
         check_sizes(self, {"vocab_size": 10_000_000, "context_length": 1 << 24, "d_model": 1 << 16,
-                           "n_layers": 1024, "n_heads": 1024, "n_kv_heads": 1024, "d_ff": 1 << 20,
+                           "n_layers": MAX_LAYERS, "n_heads": 1024, "n_kv_heads": 1024, "d_ff": 1 << 20,
                            "head_dim": 4096})
         check_range(self, ("norm_eps",), 0.0, 1.0, low_open=True)
         check_range(self, ("rope_theta",), 0.0, 1e12, low_open=True)

@@ -17,7 +17,7 @@ import torch
 import torch.nn as nn
 
 from .attention import Attention
-from .config_checks import check_range, check_rope_heads, check_sizes
+from .config_checks import MAX_LAYERS, check_range, check_rope_heads, check_sizes
 from .kv_cache import KVCache
 from .linear import linear
 from .mlp import GeGLU
@@ -65,7 +65,7 @@ class GemmaConfig:
 
     def __post_init__(self) -> None:
         check_sizes(self, {"vocab_size": 10_000_000, "context_length": 1 << 24, "d_model": 1 << 16,
-                           "n_layers": 1024, "n_heads": 1024, "n_kv_heads": 1024, "d_ff": 1 << 20,
+                           "n_layers": MAX_LAYERS, "n_heads": 1024, "n_kv_heads": 1024, "d_ff": 1 << 20,
                            "head_dim": 4096, "sliding_window": 1 << 24})
         check_range(self, ("norm_eps",), 0.0, 1.0, low_open=True)
         check_range(self, ("rope_theta", "rope_local_theta"), 0.0, 1e12, low_open=True)

@@ -30,7 +30,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .attention import causal_attention
-from .config_checks import check_range, check_sizes
+from .config_checks import MAX_LAYERS, check_range, check_sizes
 from .gemma import FULL, SLIDING, scaled_embedding, tied_head
 from .kv_cache import KVCache, LayerKV, SharedKV
 from .linear import Linear
@@ -85,7 +85,7 @@ class Gemma4Config:
         if self.ple_dim and not self.ple_vocab:
             object.__setattr__(self, "ple_vocab", self.vocab_size)
         check_sizes(self, {"vocab_size": 10_000_000, "context_length": 1 << 24, "d_model": 1 << 16,
-                           "n_layers": 1024, "n_heads": 1024, "n_kv_heads": 1024, "d_ff": 1 << 20, "head_dim": 4096,
+                           "n_layers": MAX_LAYERS, "n_heads": 1024, "n_kv_heads": 1024, "d_ff": 1 << 20, "head_dim": 4096,
                            "global_head_dim": 4096, "global_kv_heads": 1024, "sliding_window": 1 << 24})
         check_range(self, ("norm_eps",), 0.0, 1.0, low_open=True)
         check_range(self, ("rope_theta", "rope_local_theta"), 0.0, 1e12, low_open=True)
