@@ -57,7 +57,7 @@ class Block(nn.Module):
         super().__init__()
         self.c = c
         hd = c.head_dim
-        self.attention_norm, self.ffn_norm = RMSNorm(c.d_model, c.norm_eps), RMSNorm(c.d_model, c.norm_eps)
+        self.attention_norm, self.ffn_norm = RMSNorm(c.d_model, c.norms.eps), RMSNorm(c.d_model, c.norms.eps)
         self.attention = nn.Module()
         a = self.attention
         a.wq, a.wk = nn.Linear(c.d_model, c.n_heads * hd, bias=False), nn.Linear(c.d_model, c.n_kv_heads * hd, bias=False)
@@ -87,14 +87,14 @@ class Transformer(nn.Module):
         self.c = c
         self.tok_embeddings = nn.Embedding(c.vocab_size, c.d_model)
         self.layers = nn.ModuleList(Block(c) for _ in range(c.n_layers))
-        self.norm = RMSNorm(c.d_model, c.norm_eps)
+        self.norm = RMSNorm(c.d_model, c.norms.eps)
         self.output = nn.Linear(c.d_model, c.vocab_size, bias=False)
         if c.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         c = self.c
-        theta = c.rope_theta ** -(torch.arange(0, c.head_dim, 2).float() / c.head_dim)  # no RoPE scaling here
+        theta = c.rope.theta ** -(torch.arange(0, c.head_dim, 2).float() / c.head_dim)  # no RoPE scaling here
         freqs = torch.polar(torch.ones(ids.size(1), c.head_dim // 2), torch.outer(torch.arange(ids.size(1)).float(), theta))
         x = self.tok_embeddings(ids)
         for layer in self.layers:
@@ -104,7 +104,7 @@ class Transformer(nn.Module):
 
 def load(source: str) -> Transformer:
     c = gptconv.open_source(source).config
-    if c.rope_scaling is not None:
+    if c.rope.scaling is not None:
         raise SystemExit("this example computes RoPE without scaling")
     model = Transformer(c)
     model.load_state_dict(gptconv.state_dict(source, layout=META))

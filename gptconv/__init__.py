@@ -24,7 +24,7 @@ from .api import (ExportSummary, Generation, Inspection, Perplexity, PullSummary
 from .errors import GptconvError
 from .layouts import state_dict
 from .loader import load, open_source
-from .models import GPT2, GPT2Config, KVCache, Llama, LlamaConfig
+from .models import GPT2, GPT2Config, KVCache, Decoder, DecoderConfig
 from .tokenizer import Tokenizer
 
 
@@ -39,7 +39,7 @@ def load_tokenizer(source: str | Path) -> Tokenizer:
     return _load(open_source(source))
 
 
-__all__ = ["GPT2", "GPT2Config", "ExportSummary", "Generation", "GptconvError", "Inspection", "KVCache", "Llama",
-           "LlamaConfig", "Perplexity", "PullSummary", "Report", "Trace", "Tokenizer", "export", "generate", "inspect",
+__all__ = ["GPT2", "GPT2Config", "ExportSummary", "Generation", "GptconvError", "Inspection", "KVCache", "Decoder",
+           "DecoderConfig", "Perplexity", "PullSummary", "Report", "Trace", "Tokenizer", "export", "generate", "inspect",
            "load", "load_tokenizer", "open_source", "perplexity", "pull", "record_reference", "state_dict", "trace",
            "verify"]

@@ -82,7 +82,7 @@ def check_every_tensor(src: Source) -> int:
 class Trace(Result):
     source: str
     arch: str
-    config: object  # our config (GPT2Config or LlamaConfig)
+    config: object  # our config (GPT2Config or DecoderConfig)
     ids: list[int]
     steps: list[StepStats]  # ids first, logits last
     top: list[tuple[int, str | None, float]]  # the next token's 5 likeliest: (id, text if a tokenizer, p)

@@ -186,8 +186,8 @@ class Shape:
 
 def _d_ff(config: object) -> int:
     """The widest MLP a block holds: its dense one, an expert, a shared expert."""
-    e = getattr(config, "experts", None)  # a decoder's routed experts (``mlp.Experts``); Gemma 4 keeps its own
-    sizes = [getattr(config, "d_ff", 0), getattr(config, "moe_d_ff", 0), *((e.d_ff, e.shared_d_ff) if e else ())]
+    e = getattr(config, "experts", None)  # routed experts (``mlp.Experts``: the decoder's, Gemma 4's)
+    sizes = [getattr(config, "d_ff", 0), *((e.d_ff, e.shared_d_ff) if e else ())]
     return max(n or 0 for n in sizes)
 
 

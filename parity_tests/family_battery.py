@@ -32,6 +32,7 @@ import torch
 import gptconv
 import llama_cpp_tools
 from fixtures import make_checkpoint
+from gptconv.layers.kv_cache import sliding_window
 from gptconv.llamacpp import LlamaCpp
 from gptconv.models import PRESETS as ALL_PRESETS, build
 from gptconv.parity.compare import CALIBRATION_FACTOR, FP32
@@ -74,10 +75,10 @@ def ours_gguf(gguf_ckpt):
 
 
 def plant(monkeypatch, **fields) -> None:
-    """A planted fault: every LlamaConfig made from now on (in this test) has ``fields`` set as given,
+    """A planted fault: every DecoderConfig made from now on (in this test) has ``fields`` set as given,
     whatever its source says."""
-    from gptconv.layers.decoder import LlamaConfig
-    plant_part(monkeypatch, LlamaConfig, **fields)
+    from gptconv.layers.decoder import DecoderConfig
+    plant_part(monkeypatch, DecoderConfig, **fields)
 
 
 def plant_part(monkeypatch, part: type, **fields) -> None:
@@ -104,7 +105,7 @@ def test_logits_match_transformers_past_every_window(request, ckpt):
     own max|float32 − float64|, and as close to float64 in RMS as transformers' float32 is (× 2)."""
     ours = gptconv.load(ckpt)
     c = ours.config
-    window = getattr(c, "sliding_window", None) or 0
+    window = sliding_window(c) or 0
     assert c.context_length >= 3 * window
     ids = random_ids(c.vocab_size, c.context_length)
     with torch.no_grad():

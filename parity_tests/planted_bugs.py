@@ -18,6 +18,7 @@ import torch
 import torch.nn as nn
 
 from gptconv.convert.gguf_decoder import _permute
+from gptconv.layers.decoder import DecoderConfig
 
 
 @dataclass(frozen=True)
@@ -137,16 +138,24 @@ def _interleaved(model: nn.Module, case: Case):
     return _patch(importlib.import_module(type(_blocks(model)[0].attn).__module__), "rope", interleaved_rope)
 
 
+def _rope_fields(model: nn.Module, **changes) -> Iterator[None]:
+    """The RoPE fields ``changes`` (theta, scaling, local_theta): on the decoder's ``Rotary``, or on a config
+    that holds them itself (Gemma's, ``rope_`` + the name)."""
+    c = model.config
+    if isinstance(c, DecoderConfig):
+        return _config(model, rope=dataclasses.replace(c.rope, **changes))
+    return _config(model, **{f"rope_{k}": v for k, v in changes.items()})
+
+
 def _theta_10x(model: nn.Module, case: Case):
     c = model.config
-    changes = {"rope_theta": c.rope_theta * 10}
-    if getattr(c, "rope_local_theta", None) is not None:
-        changes["rope_local_theta"] = c.rope_local_theta * 10
-    return _config(model, **changes)
+    r = c.rope if isinstance(c, DecoderConfig) else None
+    theta, local = (r.theta, r.local_theta) if r else (c.rope_theta, getattr(c, "rope_local_theta", None))
+    return _rope_fields(model, theta=theta * 10, **({} if local is None else {"local_theta": local * 10}))
 
 
 def _scaling_dropped(model: nn.Module, case: Case):
-    return _config(model, rope_scaling=None)
+    return _rope_fields(model, scaling=None)
 
 
 @contextlib.contextmanager

@@ -49,7 +49,7 @@ def test_hf_to_gguf_to_load_is_bit_exact(llamas, tmp_path, name):
     out = tmp_path / "m.gguf"
     export(str(llamas[name]), out, "gguf", "f32")
     a, b = gptconv.load(llamas[name]), gptconv.load(out)
-    assert a.config.rope_theta == b.config.rope_theta and a.config.n_kv_heads == b.config.n_kv_heads
+    assert a.config.rope.theta == b.config.rope.theta and a.config.n_kv_heads == b.config.n_kv_heads
     for (n, x), (_, y) in zip(a.named_parameters(), b.named_parameters()):
         assert torch.equal(x, y), n
     ids = random_ids(a.config.vocab_size, a.config.context_length)

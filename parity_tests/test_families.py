@@ -21,7 +21,7 @@ WINDOWED = ["mistral-swa", "phi3"]
 @pytest.mark.parametrize("name", FAMILIES)
 def test_logits_match_transformers_past_every_window(families, name):
     ours = gptconv.load(families[name])
-    window = ours.config.sliding_window or 0
+    window = ours.config.attention.window or 0
     assert ours.config.context_length >= 4 * window  # 96 positions: 6× Mistral's window, 4.8× Phi-3's
     ids = random_ids(ours.config.vocab_size, ours.config.context_length)
     with torch.no_grad():
@@ -30,8 +30,8 @@ def test_logits_match_transformers_past_every_window(families, name):
 
 def test_fixtures_have_the_features_they_claim(families):
     cfg = {n: gptconv.open_source(families[n]).config for n in FAMILIES}
-    assert cfg["mistral-swa"].sliding_window == 16 and cfg["phi3"].sliding_window == 20
-    assert cfg["qwen3"].qk_norm and cfg["qwen3"].head_dim * cfg["qwen3"].n_heads != cfg["qwen3"].d_model
+    assert cfg["mistral-swa"].attention.window == 16 and cfg["phi3"].attention.window == 20
+    assert cfg["qwen3"].attention.qk_norm and cfg["qwen3"].head_dim * cfg["qwen3"].n_heads != cfg["qwen3"].d_model
     assert (cfg["mixtral"].experts.count, cfg["mixtral"].experts.used) == (4, 2)
     assert {c.family for c in cfg.values()} == {"mistral", "qwen3", "phi3", "mixtral"}
 
@@ -50,19 +50,19 @@ def test_a_field_left_out_means_what_transformers_reads(families, tmp_path, name
     (folder / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k not in drop}))
     ours, theirs = gptconv.open_source(folder).config, AutoConfig.from_pretrained(folder)
     params = getattr(theirs, "rope_parameters", None) or {}
-    assert ours.norm_eps == theirs.rms_norm_eps
-    assert ours.rope_theta == params.get("rope_theta", getattr(theirs, "rope_theta", None))
+    assert ours.norms.eps == theirs.rms_norm_eps
+    assert ours.rope.theta == params.get("rope_theta", getattr(theirs, "rope_theta", None))
     layer_types = getattr(theirs, "layer_types", None) or []
     windowed = getattr(theirs, "sliding_window", None) is not None and (
         not layer_types or all(t == "sliding_attention" for t in layer_types))
-    assert ours.sliding_window == (theirs.sliding_window if windowed else None)
+    assert ours.attention.window == (theirs.sliding_window if windowed else None)
 
 
 @pytest.mark.parametrize("name", WINDOWED)
 def test_without_its_window_the_model_is_far_off(families, name):
     """The parity above checks the window: the same weights attending to everything differ at once."""
     ours = gptconv.load(families[name])
-    full = build(dataclasses.replace(ours.config, sliding_window=None)).eval()
+    full = build(dataclasses.replace(ours.config, attention=dataclasses.replace(ours.config.attention, window=None))).eval()
     full.load_state_dict(ours.state_dict())
     ids = random_ids(ours.config.vocab_size, ours.config.context_length)
     with torch.no_grad():
@@ -79,7 +79,7 @@ def test_windowed_cache_is_bounded_and_chunks_match_one_pass(families, name):
     """Prefill in chunks (shorter and longer than the window) and single steps, through a cache that
     forgets what no query can see: the logits of one pass over everything, and memory within 2× the window."""
     model = gptconv.load(families[name])
-    window = model.config.sliding_window
+    window = model.config.attention.window
     ids = random_ids(model.config.vocab_size, model.config.context_length, batch=1, seed=3)
     with torch.no_grad():
         whole = model(ids)
@@ -107,7 +107,7 @@ def test_gguf_export_loads_back_bit_exact(families, tmp_path, name):
     out = tmp_path / "m.gguf"
     export(str(families[name]), out, "gguf", "f32")
     a, b = gptconv.load(families[name]), gptconv.load(out)
-    assert dataclasses.replace(b.config, norm_eps=a.config.norm_eps) == a.config  # eps is float32 in GGUF
+    assert dataclasses.replace(b.config, norms=a.config.norms) == a.config  # eps is float32 in GGUF
     for (n, x), (_, y) in zip(a.named_parameters(), b.named_parameters()):
         assert torch.equal(x, y), n
 
@@ -115,7 +115,7 @@ def test_gguf_export_loads_back_bit_exact(families, tmp_path, name):
 @pytest.mark.parametrize("name", FAMILIES)
 def test_verify_passes_past_the_window(families, name):
     report = gptconv.verify(str(families[name]))
-    window = gptconv.open_source(families[name]).config.sliding_window or 0
+    window = gptconv.open_source(families[name]).config.attention.window or 0
     print(f"\n{name}: verify against transformers: max|Δ| = {report.max_abs_diff:.3e}")
     assert report.passed and report.inputs["random"] > window
 
@@ -171,7 +171,7 @@ def test_k_quants_from_llama_cpps_quantizer_load_and_match_llama_cpp(wide_famili
     types = {t.tensor_type.name for t in GGUFReader(q).tensors}
     assert {"Q4_K", "Q6_K"} <= types, types
     model = gptconv.load(q)
-    window = model.config.sliding_window
+    window = model.config.attention.window
     report = gptconv.verify(str(q), against="llama.cpp", length=window)
     print(f"\n{name} Q4_K_M ({sorted(types)}) vs llama.cpp: max|Δ| = {report.max_abs_diff:.3e}")
     assert report.passed, (report.first_divergent_step, report.notes)

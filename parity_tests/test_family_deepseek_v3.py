@@ -64,14 +64,14 @@ def test_planted_faults_fail_verify(ckpt, recorded, monkeypatch, fault):
     elif fault == "routed scaling left out":
         plant_experts(monkeypatch, scaling=1.0)
     else:
-        from gptconv.layers.decoder import LlamaConfig
-        real = LlamaConfig.__post_init__
+        from gptconv.layers.decoder import DecoderConfig
+        real = DecoderConfig.__post_init__
 
         def planted(self):
             real(self)
             if self.mla is not None:
                 object.__setattr__(self, "mla", replace(self.mla, scale=self.mla.qk_head_dim ** -0.5))
-        monkeypatch.setattr(LlamaConfig, "__post_init__", planted)
+        monkeypatch.setattr(DecoderConfig, "__post_init__", planted)
     assert_planted_fault_fails(ckpt, recorded, fault)
 
 

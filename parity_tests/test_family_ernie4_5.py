@@ -1,4 +1,4 @@
-"""ERNIE 4.5 dense: the Llama decoder with interleaved RoPE (pairs x₀,x₁; x₂,x₃; …), read by reordering
+"""ERNIE 4.5 dense: the decoder with interleaved RoPE (pairs x₀,x₁; x₂,x₃; …), read by reordering
 HF's q and k rows into our rotate-half order (``family_battery.py`` runs the checks every family passes:
 block outputs, the steps verify compares, do not depend on that order). head_dim 24 ≠ d / heads, tied."""
 
@@ -25,13 +25,13 @@ PRESETS = {"ernie-4.5-0.3b": 360_748_032}
 
 def test_fixture_has_the_features_it_claims(ckpt):
     c = gptconv.open_source(ckpt).config
-    assert c.head_dim == 24 != c.d_model // c.n_heads and c.tie_embeddings and c.rope_theta == 500000.0
-    assert not (c.qkv_bias or c.o_bias or c.mlp_bias)
+    assert c.head_dim == 24 != c.d_model // c.n_heads and c.tie_embeddings and c.rope.theta == 500000.0
+    assert not (c.attention.qkv_bias or c.attention.o_bias or c.mlp_bias)
 
 
 def test_read_without_the_reordering_fails_verify(ckpt, monkeypatch):
     """A planted fault: HF's interleaved q and k rows taken as rotate-half rows."""
-    from gptconv.convert.hf_decoder import ATTENTION
+    from gptconv.convert.hf_keys import ATTENTION
     from gptconv.convert.keymap import Map
     from gptconv.families import ernie4_5
     plain = [Map(f"model.layers.{{i}}.{s}", f"blocks.{{i}}.{d}") for s, d in ATTENTION
@@ -46,7 +46,7 @@ def test_use_bias_matches_transformers_and_round_trips(tmp_path):
     llama.cpp's ernie4_5 ignores the output bias, so no GGUF is written."""
     folder = make_checkpoint(tmp_path / "hf", ARCH, VOCAB, {**SHAPE, "use_bias": True})
     ours = gptconv.load(folder)
-    assert ours.config.qkv_bias and ours.config.o_bias and ours.config.mlp_bias
+    assert ours.config.attention.qkv_bias and ours.config.attention.o_bias and ours.config.mlp_bias
     ids = random_ids(ours.config.vocab_size, 48)
     with torch.no_grad():
         assert (ours(ids) - hf_model(folder)(ids).logits).abs().max() < 1e-4

@@ -51,7 +51,7 @@ def test_the_1_2b_layout_every_layer_global_and_rotating(tmp_path):
     folder = make_checkpoint(tmp_path / "dense", ARCH, VOCAB, {**SHAPE, "num_hidden_layers": 3, "sliding_window": None,
                                                                "layer_types": ["full_attention"] * 3})
     ours = gptconv.load(folder)
-    assert ours.config.sliding_window is None and all(ours.config.rope_at(i) for i in range(3))
+    assert ours.config.attention.window is None and all(ours.config.rope_at(i) for i in range(3))
     ids = random_ids(ours.config.vocab_size, 48)
     with torch.no_grad():
         assert (ours(ids) - hf_model(folder)(ids).logits).abs().max() < 1e-4
@@ -59,7 +59,7 @@ def test_the_1_2b_layout_every_layer_global_and_rotating(tmp_path):
 
 def test_the_global_layers_rotated_anyway_fail_verify(ckpt, monkeypatch):
     """A planted fault: RoPE on the global layers too. verify finds it at the first global layer."""
-    from gptconv.layers.decoder import LlamaConfig
-    monkeypatch.setattr(LlamaConfig, "rope_at", lambda self, layer: True)
+    from gptconv.layers.rope import Rotary
+    monkeypatch.setattr(Rotary, "at", lambda self, layer: True)
     report = gptconv.verify(str(ckpt), length=24)
     assert not report.passed and report.first_divergent_step.startswith("block.3"), report.first_divergent_step

@@ -132,11 +132,11 @@ def test_a_gguf_runs_llama_cpps_yarn_whose_ramp_is_rounded(ckpt, ours_gguf):
     differ, by up to 76%: 0.03 rad at position 128, 0.9 rad at 4,096."""
     from gptconv.layers.rope import rope_frequencies
     folder, gguf = gptconv.open_source(str(ckpt)).config, gptconv.open_source(str(ours_gguf)).config
-    assert not folder.rope_scaling.truncate and gguf.rope_scaling.truncate
-    assert folder.rope_scaling.factor == gguf.rope_scaling.factor == 32.0
+    assert not folder.rope.scaling.truncate and gguf.rope.scaling.truncate
+    assert folder.rope.scaling.factor == gguf.rope.scaling.factor == 32.0
     release = gptconv.models.PRESETS["gpt-oss-20b"]
-    ours = rope_frequencies(release.head_dim, release.rope_theta, release.rope_scaling)
-    rounded = rope_frequencies(release.head_dim, release.rope_theta, gguf.rope_scaling)
+    ours = rope_frequencies(release.head_dim, release.rope.theta, release.rope.scaling)
+    rounded = rope_frequencies(release.head_dim, release.rope.theta, gguf.rope.scaling)
     assert int((ours != rounded).sum()) == 9 and 0.76 < ((ours - rounded).abs() / ours).max() < 0.77
 
 

@@ -1,4 +1,4 @@
-"""Granite 3.x: the Llama decoder with µP multipliers (the embedding ×, each sublayer's output × before
+"""Granite 3.x: the decoder with µP multipliers (the embedding ×, each sublayer's output × before
 the residual add, the attention scale in place of head_dim^-½, the logits ÷), at values like the
 released models' (``family_battery.py`` runs the checks every family passes)."""
 

@@ -34,7 +34,7 @@ PRESETS = {"lfm2-350m": 354_483_968}
 def test_the_layers_and_the_mlp_size_are_transformers(ckpt):
     c = gptconv.open_source(ckpt).config
     assert [c.conv_at(i) for i in range(6)] == [True, True, False, True, False, True]
-    assert c.d_ff == 160 and c.short_conv == short_conv.ShortConvShape(3) and c.qk_norm
+    assert c.d_ff == 160 and c.short_conv == short_conv.ShortConvShape(3) and c.attention.qk_norm
     assert hf_model(ckpt).model.layers[0].feed_forward.w1.out_features == 160
 
 

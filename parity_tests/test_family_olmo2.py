@@ -31,7 +31,7 @@ def test_olmo2_without_windows_matches_transformers(tmp_path):
                              {**{k: v for k, v in SHAPE.items() if k not in ("sliding_window", "rope_parameters")},
                               "rope_theta": 500000.0})
     ours = gptconv.load(folder)
-    assert ours.config.sliding_window is None and ours.config.norms == "post"
+    assert ours.config.attention.window is None and ours.config.norms.place == "post"
     ids = random_ids(ours.config.vocab_size, 48)
     with torch.no_grad():
         assert (ours(ids) - hf_model(folder)(ids).logits).abs().max() < 1e-4
@@ -40,17 +40,12 @@ def test_olmo2_without_windows_matches_transformers(tmp_path):
 def test_the_window_is_where_layer_types_say(ckpt):
     c = gptconv.open_source(ckpt).config
     assert [c.window(i) for i in range(4)] == [12, 12, 12, None]
-    assert c.rope_scaling.kind == "yarn" and c.rope_local_theta == 500000.0
+    assert c.rope.scaling.kind == "yarn" and c.rope.local_theta == 500000.0
 
 
 def test_yarn_on_the_sliding_layers_too_fails_verify(ckpt, monkeypatch):
     """A planted fault: the full layers' YaRN applied to the sliding layers as well (one RoPE for all)."""
-    from gptconv.layers.decoder import LlamaConfig
-    real = LlamaConfig.__post_init__
-
-    def one_rope(self):
-        real(self)
-        object.__setattr__(self, "rope_local_theta", None)
-    monkeypatch.setattr(LlamaConfig, "__post_init__", one_rope)
+    from gptconv.layers.rope import Rotary
+    plant_part(monkeypatch, Rotary, local_theta=None)  # noqa: F405
     report = gptconv.verify(str(ckpt), length=32)
     assert not report.passed and report.first_divergent_step.startswith("block.0."), report.first_divergent_step

@@ -13,6 +13,8 @@ the difference on a short one."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 import gptconv
@@ -43,8 +45,8 @@ LLAMA_CPP_LENGTH = 96
 
 def test_the_config_is_read_as_transformers_reads_it(ckpt):
     c = gptconv.open_source(ckpt).config
-    s = c.rope_scaling
-    assert c.rope_dim == 12 and c.head_dim == 16 and c.tie_embeddings and c.sliding_window is None
+    s = c.rope.scaling
+    assert c.rope.dim == 12 and c.head_dim == 16 and c.tie_embeddings and c.attention.window is None
     assert s.kind == "longrope" and s.original_context_length == 32 and s.factor == 3.0
     assert abs(s.attention_factor - (1 + torch.log(torch.tensor(3.0)) / torch.log(torch.tensor(32.0))).sqrt()) < 1e-6
 
@@ -80,20 +82,19 @@ def test_llama_cpp_runs_long_factors_whatever_the_forward_reaches(ours_gguf):
 
 def test_partial_rotary_read_as_full_fails_verify(ckpt, monkeypatch):
     """A planted fault: every dimension of each head rotated (rope_dim dropped), with factors for them."""
-    from gptconv.layers.decoder import LlamaConfig
+    from gptconv.layers.decoder import DecoderConfig
     from gptconv.layers.rope import RopeScaling
-    real = LlamaConfig.__post_init__
+    real = DecoderConfig.__post_init__
 
     def full(self):
-        s = self.rope_scaling
-        if self.rope_dim and s is not None:
-            pad = (1.0,) * (((self.head_dim or self.d_model // self.n_heads) - self.rope_dim) // 2)
-            object.__setattr__(self, "rope_scaling", RopeScaling(
+        s = self.rope.scaling
+        if self.rope.dim and s is not None:
+            pad = (1.0,) * (((self.head_dim or self.d_model // self.n_heads) - self.rope.dim) // 2)
+            object.__setattr__(self, "rope", dataclasses.replace(self.rope, dim=0, scaling=RopeScaling(
                 "longrope", factor=s.factor, original_context_length=s.original_context_length,
-                factors=s.factors + pad, long_factors=s.long_factors + pad, attention_factor=s.attention_factor))
-            object.__setattr__(self, "rope_dim", 0)
+                factors=s.factors + pad, long_factors=s.long_factors + pad, attention_factor=s.attention_factor)))
         real(self)
-    monkeypatch.setattr(LlamaConfig, "__post_init__", full)
+    monkeypatch.setattr(DecoderConfig, "__post_init__", full)
     report = gptconv.verify(str(ckpt), length=48)
     assert not report.passed and report.first_divergent_step.startswith("block.0"), report.first_divergent_step
 
@@ -101,8 +102,8 @@ def test_partial_rotary_read_as_full_fails_verify(ckpt, monkeypatch):
 def test_short_factors_past_the_original_context_fail_verify(ckpt, monkeypatch):
     """A planted fault: the short factors kept past the original context."""
     from gptconv.layers import decoder
-    real = decoder.Llama.inv_freq
-    monkeypatch.setattr(decoder.Llama, "inv_freq", lambda self, device, long=False, local=False:
+    real = decoder.Decoder.inv_freq
+    monkeypatch.setattr(decoder.Decoder, "inv_freq", lambda self, device, long=False, local=False:
                         real(self, device, False, local))
     report = gptconv.verify(str(ckpt), length=48)
     assert not report.passed and report.first_divergent_step.startswith("block.0"), report.first_divergent_step

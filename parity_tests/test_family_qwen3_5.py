@@ -14,7 +14,8 @@ import torch
 
 import gptconv
 from family_battery import *  # noqa: F401,F403 — the battery, collected here against this checkpoint
-from family_battery import plant
+from family_battery import plant_part
+from gptconv.layers.norms import Norms
 from gptconv.convert.keymap import model_shapes
 from gptconv.layers import linear_attention
 from gptconv.models import build_empty
@@ -44,7 +45,7 @@ PRESETS = {"qwen3.5-0.8b": 752_393_024}
 def test_three_of_four_layers_are_linear_attention(ckpt):
     c = gptconv.open_source(ckpt).config
     assert [c.linear_at(i) for i in range(4)] == [True, True, True, False]
-    assert c.rope_dim == 8 and c.attention_gate and c.offset_norms and c.linear_attention.v_heads == 4
+    assert c.rope.dim == 8 and c.attention.gate and c.norms.offset and c.linear_attention.v_heads == 4
 
 
 def test_mrope_reduces_to_plain_rope_for_text(ckpt):
@@ -74,7 +75,7 @@ def test_the_state_forgetting_nothing_fails_verify_at_the_first_layer(ckpt, monk
 
 def test_norms_scaling_by_w_not_1_plus_w_fail_verify(ckpt, monkeypatch):
     """A planted fault: the RMSNorms scale by w (Llama's convention) where Qwen3.5 stores 1 + w."""
-    plant(monkeypatch, offset_norms=False)
+    plant_part(monkeypatch, Norms, offset=False)
     report = gptconv.verify(str(ckpt), length=24)
     assert not report.passed and report.first_divergent_step.startswith("block.0"), report.first_divergent_step
 
@@ -157,6 +158,6 @@ def test_a_head_narrower_than_llama_cpps_mrope_sections_is_not_exported():
     from gptconv.convert.gguf_hybrid import add_mrope_sections
     from gptconv.errors import GptconvError
     from gptconv.models import PRESETS as ALL
-    narrow = replace(ALL["qwen3.5-0.8b"], head_dim=16, rope_dim=4)
+    narrow = replace(ALL["qwen3.5-0.8b"], head_dim=16, rope=replace(ALL["qwen3.5-0.8b"].rope, dim=4))
     with pytest.raises(GptconvError, match="more than this model's head_dim 16"):
         add_mrope_sections(None, narrow, "qwen35")

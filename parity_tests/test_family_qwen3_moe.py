@@ -41,7 +41,7 @@ def test_the_preset_activates_3_3b_without_its_embeddings_29_9b():
 def test_the_dense_layer_and_the_unnormalised_weights_are_read(ckpt):
     c = gptconv.open_source(ckpt).config
     assert [c.experts_at(i) for i in range(3)] == [True, False, True]
-    assert not c.experts.renormalise and c.experts.d_ff == 32 and c.d_ff == 128 and c.sliding_window == 12
+    assert not c.experts.renormalise and c.experts.d_ff == 32 and c.d_ff == 128 and c.attention.window == 12
 
 
 def test_llama_cpps_qwen3moe_has_no_place_for_dense_layers_unnormalised_weights_or_a_window(ckpt, tmp_path):

@@ -1,4 +1,4 @@
-"""SmolLM3: NoPE layers (every 4th here, as in SmolLM3-3B: layer 3 of 4) in the Llama decoder, with llama.cpp's
+"""SmolLM3: NoPE layers (every 4th here, as in SmolLM3-3B: layer 3 of 4) in the decoder, with llama.cpp's
 smollm3 (Q/K rows permuted; every 4th layer NoPE, fixed in llama.cpp); ``family_battery.py`` runs the checks
 every family passes. SmolLM3's windows (``use_sliding_window``) are off in its releases and absent from
 llama.cpp's smollm3: a test below runs them against transformers and shows their GGUF export refused, as is
@@ -28,7 +28,7 @@ PRESETS = {"smollm3-3b": 3_075_098_624}
 
 def test_the_nope_layers_are_every_4th(ckpt):
     c = gptconv.open_source(ckpt).config
-    assert [c.rope_at(i) for i in range(4)] == [True, True, True, False] and c.sliding_window is None
+    assert [c.rope_at(i) for i in range(4)] == [True, True, True, False] and c.attention.window is None
 
 
 def test_an_irregular_no_rope_layers_list_matches_transformers_and_is_not_exported_to_gguf(tmp_path):
@@ -58,7 +58,7 @@ def test_sliding_windows_on_the_nope_layers_match_transformers_and_are_not_expor
 
 def test_the_nope_layer_rotated_anyway_fails_verify(ckpt, monkeypatch):
     """A planted fault: RoPE on the NoPE layer too. verify finds it at that layer (block 3)."""
-    from gptconv.layers.decoder import LlamaConfig
-    monkeypatch.setattr(LlamaConfig, "rope_at", lambda self, layer: True)
+    from gptconv.layers.rope import Rotary
+    monkeypatch.setattr(Rotary, "at", lambda self, layer: True)
     report = gptconv.verify(str(ckpt), length=32)
     assert not report.passed and report.first_divergent_step.startswith("block.3"), report.first_divergent_step

@@ -84,8 +84,9 @@ def test_a_misread_config_field_fails_even_though_both_models_use_it(smollm2, pa
     import dataclasses
 
     from gptconv import families
+    from gptconv.layers.norms import Norms
     misread = tuple(dataclasses.replace(f, config_from_gguf=lambda fields, t, parse=f.config_from_gguf:
-                                        dataclasses.replace(parse(fields, t), norm_eps=1e-3))
+                                        dataclasses.replace(parse(fields, t), norms=Norms(eps=1e-3)))
                     for f in families.BY_GGUF_ARCH["llama"])
     monkeypatch.setitem(families.BY_GGUF_ARCH, "llama", misread)
     report = verify(str(smollm2), length=16)

@@ -104,7 +104,7 @@ def test_llama_cpp_ignores_sliding_windows(converter_fixtures, tmp_path, name):
     out = tmp_path / "m.gguf"
     export(str(converter_fixtures[name]), out, "gguf", "f32")
     model = gptconv.load(out)
-    window = model.config.sliding_window
+    window = model.config.attention.window
     assert window is not None
     report = verify(str(out), against="llama.cpp", length=4 * window)
     assert not report.passed and report.first_divergent_step == "logits"
@@ -112,7 +112,7 @@ def test_llama_cpp_ignores_sliding_windows(converter_fixtures, tmp_path, name):
     report = verify(str(out), against="llama.cpp")  # by default: within the window, and says so
     assert report.passed and report.inputs["random"] == window
     assert any("compared within the window" in note for note in report.notes)
-    full = build(dataclasses.replace(model.config, sliding_window=None)).eval()
+    full = build(dataclasses.replace(model.config, attention=dataclasses.replace(model.config.attention, window=None))).eval()
     full.load_state_dict(model.state_dict())
     ids = list(range(100, 100 + 4 * window))
     with LlamaCpp(out, 4 * window) as llm, torch.no_grad():

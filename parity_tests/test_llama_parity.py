@@ -30,13 +30,13 @@ def test_fixtures_have_the_features_they_claim(llamas):
     gqa = cfg["llama3-gqa"]
     assert gqa.n_heads // gqa.n_kv_heads != gqa.n_kv_heads
     for name in ("llama31-scaled", "llama31-legacy-config"):
-        s = cfg[name].rope_scaling
+        s = cfg[name].rope.scaling
         assert s.kind == "llama3" and s.original_context_length * 8 == cfg[name].context_length
-    assert cfg["linear-legacy-config"].rope_scaling.kind == "linear"
+    assert cfg["linear-legacy-config"].rope.scaling.kind == "linear"
     assert cfg["tied"].tie_embeddings and not cfg["llama2-mha"].tie_embeddings
     assert cfg["head-dim"].head_dim * cfg["head-dim"].n_heads != cfg["head-dim"].d_model
-    assert cfg["biases"].qkv_bias and cfg["biases"].o_bias and cfg["biases"].mlp_bias
-    assert cfg["qwen2"].qkv_bias and not cfg["qwen2"].o_bias
+    assert cfg["biases"].attention.qkv_bias and cfg["biases"].attention.o_bias and cfg["biases"].mlp_bias
+    assert cfg["qwen2"].attention.qkv_bias and not cfg["qwen2"].attention.o_bias
     assert "rope_scaling" in json.loads((llamas["llama31-legacy-config"] / "config.json").read_text())
 
 
@@ -72,7 +72,7 @@ def test_yarn_matches_transformers_past_the_original_context(llamas, tmp_path):
     d = _with_config(llamas["llama2-mha"], tmp_path / "in", rope_parameters={
         "rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0, "original_max_position_embeddings": 16})
     ours = gptconv.load(d)
-    assert ours.config.rope_scaling.kind == "yarn" and ours.config.context_length > 32
+    assert ours.config.rope.scaling.kind == "yarn" and ours.config.context_length > 32
     ids = torch.randint(0, ours.config.vocab_size, (1, 48), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert (ours(ids) - hf_model(d)(ids).logits).abs().max() < 1e-4

@@ -49,7 +49,7 @@ def theta_1e4(monkeypatch):
 
     def wrong(src, dtype=None, *args, **kwargs):
         model = load(src, dtype, *args, **kwargs)
-        model.config = dataclasses.replace(model.config, rope_theta=1e4)
+        model.config = dataclasses.replace(model.config, rope=dataclasses.replace(model.config.rope, theta=1e4))
         model._inv_freq.clear()
         return model
     monkeypatch.setattr(verify_run, "load_source", wrong)

@@ -93,7 +93,7 @@ def test_qwen3_vl_text_is_qwen3_with_plain_rope(wrappers):
     height, width); on text the three are equal and it is plain RoPE: ours (Qwen3's) equals transformers'
     whole Qwen3-VL. With streams that differ (an image's positions) the two part, so the check can fail."""
     ours = gptconv.load(wrappers["qwen3_vl"])
-    assert ours.config.family == "qwen3" and ours.config.qk_norm
+    assert ours.config.family == "qwen3" and ours.config.attention.qk_norm
     whole = _whole(wrappers["qwen3_vl"])
     ids = random_ids(ours.config.vocab_size, 48)
     with torch.no_grad():

@@ -23,7 +23,7 @@ def test_both_converters_write_qwen2_unpermuted(converter_fixtures, theirs, tmp_
     for path in (theirs, ours):
         assert GGUFReader(path).fields["general.architecture"].contents() == "qwen2"
     model = gptconv.load(theirs)
-    assert model.config.qkv_bias and not model.config.o_bias
+    assert model.config.attention.qkv_bias and not model.config.attention.o_bias
 
 
 def test_reading_it_with_the_llama_permutation_fails_at_block_0(theirs, parsed_once, monkeypatch):

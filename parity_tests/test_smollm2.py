@@ -50,7 +50,7 @@ def reference(smollm2):
 def test_config_from_gguf_metadata(ours):
     c = ours.config
     assert (c.n_layers, c.n_heads, c.n_kv_heads, c.d_model, c.vocab_size) == (30, 9, 3, 576, 49152)
-    assert c.tie_embeddings and c.rope_theta == 100000.0
+    assert c.tie_embeddings and c.rope.theta == 100000.0
     assert sum(p.numel() for p in ours.parameters()) == 134_515_008
 
 

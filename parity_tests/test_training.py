@@ -52,9 +52,11 @@ def test_gradients_flow_everywhere_and_equal_transformers(request, fixture, name
 
 def test_dropout_acts_in_train_mode_only(ckpts, llamas):
     for folder, change in ((ckpts["tiny"], dict(embd_dropout=0.2, resid_dropout=0.2, attn_dropout=0.2)),
-                           (llamas["llama3-gqa"], dict(attention_dropout=0.3))):
+                           (llamas["llama3-gqa"], dict(dropout=0.3))):
         src = gptconv.open_source(folder)
-        model = build(dataclasses.replace(src.config, **change))
+        c = src.config
+        model = build(dataclasses.replace(c, attention=dataclasses.replace(c.attention, **change))
+                      if hasattr(c, "attention") else dataclasses.replace(c, **change))
         model.load_state_dict(gptconv.load(folder).state_dict())
         ids = random_ids(src.config.vocab_size, 24, batch=1)
         model.train()

@@ -3,8 +3,9 @@
 - ``keymap``: the generic key-mapping engine and its ledger;
 - ``hf_config``: typed reading of config.json; ``gguf_meta``: llama.cpp's tensor names and the
   metadata every GGUF config is built from;
-- ``hf_decoder``, ``gguf_decoder``: the two formats' layouts of the shared Llama decoder, which the
-  family files (``gptconv/families/``) build their tables from;
+- the shared decoder in each format, which the family files (``gptconv/families/``) build their
+  tables from: ``hf_decoder`` (config.json both ways), ``hf_rope`` (its RoPE fields), ``hf_keys`` (the
+  weights' and steps' HF names); ``gguf_decoder`` (metadata, tensor rows, llama.cpp's Q/K permutation);
 - ``spm``, ``gguf_tokenizer``, ``hf_vocab``: tokenizer formats (SentencePiece, GGUF, an HF folder's
   tokenizer as llama.cpp's converter writes it).
 

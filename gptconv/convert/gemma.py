@@ -22,7 +22,7 @@ from ..layers.gemma import FULL, SLIDING, GemmaConfig, default_layer_types
 from ..layers.rope import RopeScaling
 from .gguf_meta import T, block_count, gguf_config, gguf_name
 from .hf_config import ConfigFields, build_config
-from .hf_decoder import rope_from_hf
+from .hf_rope import rope_from_hf
 from .gguf_decoder import NORM_PLUS_ONE
 from .keymap import KeyMap, Map, TensorInfo, Tied
 

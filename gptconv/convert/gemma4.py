@@ -14,10 +14,11 @@ from gguf import Keys
 
 from ..errors import where
 from ..layers.gemma import FULL, SLIDING
-from ..layers.gemma4 import Gemma4Config
+from ..layers.gemma4 import Gemma4Config, PLEShape
+from ..layers.mlp import Experts
 from .gemma import GELU_TANH, _layer_types
 from .hf_config import ConfigFields, build_config
-from .hf_decoder import experts_gate_up
+from .hf_keys import experts_gate_up
 from .gguf_meta import T, block_count, gguf_config, gguf_name
 from .keymap import Drop, Fused, KeyMap, Map, Stacked, TensorInfo, Tied
 
@@ -50,6 +51,12 @@ def gemma4_config_from_hf(data: dict[str, Any], origin: object) -> Gemma4Config:
     (theta, fraction), local_theta = _rope(f)
     ple = f.int("hidden_size_per_layer_input", 256) or 0
     moe = f.bool("enable_moe_block", False)
+    try:
+        ple = PLEShape(ple, f.positive("vocab_size_per_layer_input", 262_144)) if ple else None
+        experts = (Experts(f.positive("num_experts", None), f.positive("top_k_experts", None),
+                           f.positive("moe_intermediate_size", None)) if moe else None)
+    except ValueError as e:
+        raise f.error(str(e)) from None
     return build_config(
         Gemma4Config, f,
         **f.common(context_length="max_position_embeddings", d_model="hidden_size", n_layers="num_hidden_layers",
@@ -60,11 +67,7 @@ def gemma4_config_from_hf(data: dict[str, Any], origin: object) -> Gemma4Config:
         rope_theta=theta, global_rope_fraction=fraction, rope_local_theta=local_theta,
         final_logit_softcapping=f.float("final_logit_softcapping", None), k_eq_v=k_eq_v,
         kv_shared_layers=f.int("num_kv_shared_layers", 0), double_wide_mlp=f.bool("use_double_wide_mlp", False),
-        ple_dim=ple, ple_vocab=f.positive("vocab_size_per_layer_input", 262_144) if ple else 0,
-        n_experts=f.positive("num_experts", None) if moe else 0,
-        n_experts_used=f.positive("top_k_experts", None) if moe else 0,
-        moe_d_ff=f.positive("moe_intermediate_size", None) if moe else 0,
-        family="gemma4")
+        ple=ple, experts=experts, family="gemma4")
 
 
 def _global_heads(f: ConfigFields, types: list[str], head_dim: int, kv_heads: int, k_eq_v: bool) -> tuple[int, int]:
@@ -107,6 +110,7 @@ def gemma4_config_to_hf(c: Gemma4Config) -> dict[str, Any]:
     """The config.json transformers needs to build Gemma4ForCausalLM for ``c``."""
     if c.global_kv_heads != c.n_kv_heads and not c.k_eq_v:
         raise ValueError("HF's gemma4_text gives global layers K/V heads of their own only where keys are values")
+    e = c.experts
     override = {"head_dim": c.global_head_dim, **({"num_key_value_heads": c.global_kv_heads} if c.k_eq_v else {})}
     return {
         "architectures": ["Gemma4ForCausalLM"], "model_type": "gemma4_text",
@@ -120,9 +124,10 @@ def gemma4_config_to_hf(c: Gemma4Config) -> dict[str, Any]:
             SLIDING: {"rope_type": "default", "rope_theta": c.rope_local_theta}},
         "final_logit_softcapping": c.final_logit_softcapping, "attention_k_eq_v": c.k_eq_v,
         "num_kv_shared_layers": c.kv_shared_layers, "use_double_wide_mlp": c.double_wide_mlp,
-        "hidden_size_per_layer_input": c.ple_dim, "vocab_size_per_layer_input": c.ple_vocab or c.vocab_size,
-        "enable_moe_block": bool(c.n_experts), "num_experts": c.n_experts or None,
-        "top_k_experts": c.n_experts_used or None, "moe_intermediate_size": c.moe_d_ff or None,
+        "hidden_size_per_layer_input": c.ple.dim if c.ple else 0,
+        "vocab_size_per_layer_input": c.ple.vocab if c.ple else c.vocab_size,
+        "enable_moe_block": c.experts is not None, "num_experts": e.count if e else None,
+        "top_k_experts": e.used if e else None, "moe_intermediate_size": e.d_ff if e else None,
         "attention_bias": False, "tie_word_embeddings": True, "use_bidirectional_attention": None,
         "bos_token_id": c.bos_token_id, "eos_token_id": c.eos_token_id, "pad_token_id": 0,
     }
@@ -167,15 +172,15 @@ def gemma4_hf_keymap(c: Gemma4Config) -> KeyMap:
     ])
 
 
-def _experts(c: Gemma4Config) -> list:
-    """The routed experts as transformers holds and saves them: (E, 2·f, d) gate and up, (E, d, f) down."""
-    if not c.n_experts:
+def _experts(c: Gemma4Config, gate_up: str = "model.layers.{i}.experts.gate_up_proj",
+             down: str = "model.layers.{i}.experts.down_proj") -> list:
+    """The routed experts as transformers holds and saves them (and llama.cpp, under ``gate_up`` and ``down``):
+    (E, 2·f, d) gate and up, (E, d, f) down."""
+    if c.experts is None:
         return []
-    return [Fused("model.layers.{i}.experts.gate_up_proj",
-                  [f"blocks.{{i}}.experts.experts.{j}.{w}.weight" for j in range(c.n_experts) for w in ("gate", "up")],
-                  experts_gate_up(lambda c: c.moe_d_ff or c.d_ff)),
-            Stacked("model.layers.{i}.experts.down_proj", "blocks.{i}.experts.experts.{j}.down.weight",
-                    lambda c: c.n_experts)]
+    return [Fused(gate_up, [f"blocks.{{i}}.experts.experts.{j}.{w}.weight" for j in range(c.experts.count)
+                            for w in ("gate", "up")], experts_gate_up(lambda c: c.experts.d_ff)),
+            Stacked(down, "blocks.{i}.experts.experts.{j}.down.weight", lambda c: c.experts.count)]
 
 
 # our step → transformers' module whose output it is
@@ -201,11 +206,11 @@ def describe_gemma4(c: Gemma4Config) -> list[str]:
         pairs = ", ".join(f"{i}←{c.kv_source(i)}" for i in range(c.first_shared, c.n_layers))
         extras.append(f"KV sharing: the last {c.kv_shared_layers} layers attend to an earlier layer's keys and values "
                       f"({pairs})" + ("; their MLP twice as wide" if c.double_wide_mlp else ""))
-    if c.ple_dim:
-        extras.append(f"per_layer_embedding: {c.ple_dim} per layer per token (a table of {c.ple_vocab} rows and a "
+    if c.ple is not None:
+        extras.append(f"per_layer_embedding: {c.ple.dim} per layer per token (a table of {c.ple.vocab} rows and a "
                       "projection of token_embedding), gated into each block's output (block.i.per_layer_input)")
-    if c.n_experts:
-        extras.append(f"MoE block beside the dense MLP in every layer: {c.n_experts_used} of {c.n_experts} experts "
+    if c.experts is not None:
+        extras.append(f"MoE block beside the dense MLP in every layer: {c.experts.used} of {c.experts.count} experts "
                       "(block.i.router, block.i.moe)")
     extras.append("each block's output × its layer_scalar")
     if c.final_logit_softcapping is not None:
@@ -235,11 +240,7 @@ _GGUF_LAYER = [  # (llama.cpp's tensor, part, ours under blocks.{i})
 
 
 def gemma4_gguf_keymap(c: Gemma4Config) -> KeyMap:
-    experts = [Fused(gguf_name(T.FFN_GATE_UP_EXP),
-                     [f"blocks.{{i}}.experts.experts.{j}.{w}.weight" for j in range(c.n_experts) for w in ("gate", "up")],
-                     experts_gate_up(lambda c: c.moe_d_ff or c.d_ff)),
-               Stacked(gguf_name(T.FFN_DOWN_EXP), "blocks.{i}.experts.experts.{j}.down.weight",
-                       lambda c: c.n_experts)] if c.n_experts else []
+    experts = _experts(c, gguf_name(T.FFN_GATE_UP_EXP), gguf_name(T.FFN_DOWN_EXP))
     return KeyMap("gemma4 (GGUF)", [
         Map(gguf_name(T.TOKEN_EMBD), "tok_emb.weight"),
         Map(gguf_name(T.PER_LAYER_TOKEN_EMBD), "ple.table.weight"),
@@ -271,21 +272,21 @@ def gemma4_gguf_metadata(w: GGUFWriter, c: Gemma4Config) -> None:
     w.add_rope_freq_base(c.rope_theta)
     w.add_rope_freq_base_swa(c.rope_local_theta)
     w.add_layer_norm_rms_eps(c.norm_eps)
-    if c.n_experts:
-        w.add_expert_count(c.n_experts)
-        w.add_expert_used_count(c.n_experts_used)
+    if c.experts is not None:
+        w.add_expert_count(c.experts.count)
+        w.add_expert_used_count(c.experts.used)
     w.add_key_length(c.global_head_dim)
     w.add_value_length(c.global_head_dim)
     if c.final_logit_softcapping:
         w.add_final_logit_softcapping(c.final_logit_softcapping)
     w.add_sliding_window(c.sliding_window)
     w.add_shared_kv_layers(c.kv_shared_layers)
-    w.add_embedding_length_per_layer_input(c.ple_dim)
+    w.add_embedding_length_per_layer_input(c.ple.dim if c.ple else 0)
     w.add_sliding_window_pattern([not c.is_global(i) for i in range(c.n_layers)])
     w.add_key_length_swa(c.head_dim)
     w.add_value_length_swa(c.head_dim)
-    if c.n_experts:
-        w.add_expert_feed_forward_length(c.moe_d_ff)
+    if c.experts is not None:
+        w.add_expert_feed_forward_length(c.experts.d_ff)
     w.add_rope_dimension_count(c.global_head_dim)  # the whole head: rope_freqs leaves the rest unrotated
     w.add_rope_dimension_count_swa(c.head_dim)
 
@@ -316,7 +317,14 @@ def gemma4_config_from_gguf(f: GGUFFields, tensors: dict[str, TensorInfo]) -> Ge
     rotated = int((factors == 1.0).sum())
     if not (torch.equal(factors[:rotated], torch.ones(rotated)) and bool((factors[rotated:] >= 1e29).all())):
         raise where(f.path, "rope_freqs: only proportional RoPE (ones, then 1e30) is supported")
-    experts = f.get(Keys.LLM.EXPERT_COUNT, int, 0)
+    count, ple = f.get(Keys.LLM.EXPERT_COUNT, int, 0), f.get(Keys.LLM.EMBD_LENGTH_PER_LAYER_INP, int, 0)
+    table = tensors.get(gguf_name(T.PER_LAYER_TOKEN_EMBD))
+    try:
+        ple = PLEShape(ple, table.shape[0] if table is not None else 0) if ple else None
+        experts = (Experts(count, f.get(Keys.LLM.EXPERT_USED_COUNT, int, 0),
+                           f.get(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, int, 0)) if count else None)
+    except ValueError as e:
+        raise where(f.path, str(e)) from None
     return gguf_config(
         Gemma4Config, f, tensors, n_kv_heads=local_kv.pop(), d_ff=d_ff,
         head_dim=f.get(Keys.Attention.KEY_LENGTH_SWA, int), sliding_window=f.get(Keys.Attention.SLIDING_WINDOW, int),
@@ -326,10 +334,7 @@ def gemma4_config_from_gguf(f: GGUFFields, tensors: dict[str, TensorInfo]) -> Ge
         rope_local_theta=f.get(Keys.Rope.FREQ_BASE_SWA, float),
         final_logit_softcapping=f.get(Keys.LLM.FINAL_LOGIT_SOFTCAPPING, float, None),
         k_eq_v=_keys_are_values(tensors, sliding, n - shared),
-        kv_shared_layers=shared, double_wide_mlp=double, ple_dim=f.get(Keys.LLM.EMBD_LENGTH_PER_LAYER_INP, int, 0),
-        ple_vocab=tensors[gguf_name(T.PER_LAYER_TOKEN_EMBD)].shape[0] if gguf_name(T.PER_LAYER_TOKEN_EMBD) in tensors else 0,
-        n_experts=experts, n_experts_used=f.get(Keys.LLM.EXPERT_USED_COUNT, int, 0) if experts else 0,
-        moe_d_ff=f.get(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, int, 0) if experts else 0, family="gemma4")
+        kv_shared_layers=shared, double_wide_mlp=double, ple=ple, experts=experts, family="gemma4")
 
 
 def _per_layer(f: GGUFFields, key: str, n: int) -> list[int]:

@@ -1,4 +1,4 @@
-"""llama.cpp's layout of the Llama decoder (``layers/decoder.py``), shared by the families built on it:
+"""llama.cpp's layout of the decoder (``layers/decoder.py``), shared by the families built on it:
 the metadata every such architecture has, RoPE scaling (``rope_freqs``), the Q/K row permutation of
 llama.cpp's ``llama`` architecture, the standard tensor rows and the hyperparameters its converter
 writes. A family file passes what is its own."""
@@ -11,7 +11,7 @@ import torch
 from gguf import Keys, RopeScalingType
 
 from ..errors import GptconvError, where
-from ..layers.decoder import LlamaConfig
+from ..layers.decoder import Feature, DecoderConfig, typed_features
 from ..layers.mlp import Experts
 from ..layers.rope import RopeScaling
 from .gguf_meta import T, gguf_config, gguf_name
@@ -23,12 +23,17 @@ if TYPE_CHECKING:
 
 
 def decoder_config_from_gguf(f: GGUFFields, tensors: dict[str, TensorInfo], family: str, fused_qkv: bool = False,
-                             partial_rotary: bool = False, n_kv_heads: int | None = None,
-                             **specific: Any) -> LlamaConfig:
+                             partial_rotary: bool = False, n_kv_heads: int | None = None, *,
+                             attention: dict[str, Any] | None = None, rope: dict[str, Any] | None = None,
+                             norms: dict[str, Any] | None = None, window: int | None = None,
+                             **specific: Any) -> DecoderConfig:
     """A config from the metadata every architecture of the decoder has; biases are those present in
-    block 0; ``specific``: the family's own fields (window, q/k norms, experts); ``partial_rotary``: the
-    architecture rotates the first rope.dimension_count dimensions of each head (else they must be all);
-    ``n_kv_heads``: where the family reads them itself (a per-layer list: LFM2)."""
+    block 0. The family's own: ``attention``, ``rope``, ``norms``, fields of those parts beyond what every
+    file says (q/k norms, NoPE layers, offset norms); ``window``: its sliding layers'; ``specific``: other
+    fields of the config (layer types, experts); ``partial_rotary``: the architecture rotates the first
+    rope.dimension_count dimensions of each head (else they must be all); ``n_kv_heads``: where the family
+    reads them itself (a per-layer list: LFM2)."""
+    rope = dict(rope or {})
     heads = f.get(Keys.Attention.HEAD_COUNT, int)
     d = f.get(Keys.LLM.EMBEDDING_LENGTH, int)
     head_dim = f.get(Keys.Attention.KEY_LENGTH, int, 0) or d // max(heads, 1)
@@ -36,7 +41,7 @@ def decoder_config_from_gguf(f: GGUFFields, tensors: dict[str, TensorInfo], fami
     if rope_dim != head_dim and not (partial_rotary and 0 < rope_dim < head_dim):
         raise where(f.path, f"RoPE on {rope_dim} of {head_dim} head dimensions is not supported")
     if partial_rotary:
-        specific["rope_dim"] = rope_dim
+        rope["dim"] = rope_dim
     head_dim = specific.pop("head_dim", head_dim)  # a family that knows it otherwise (MLA: key_length is not it)
     try:
         scaling = _rope_scaling(f, tensors, rope_dim, specific.pop("yarn_log_mul", False))
@@ -44,15 +49,16 @@ def decoder_config_from_gguf(f: GGUFFields, tensors: dict[str, TensorInfo], fami
         raise where(f.path, str(e)) from None
     has = lambda tensor: gguf_name(tensor, "bias").replace("{i}", "0") in tensors  # noqa: E731
     return gguf_config(
-        LlamaConfig, f, tensors,
+        DecoderConfig.build, f, tensors,
         n_kv_heads=n_kv_heads or f.get(Keys.Attention.HEAD_COUNT_KV, int, heads),
         d_ff=specific.pop("d_ff", None) or f.get(Keys.LLM.FEED_FORWARD_LENGTH, int),  # a family may know it otherwise
         head_dim=head_dim,
-        norm_eps=f.get(Keys.Attention.LAYERNORM_RMS_EPS, float),
-        rope_theta=f.get(Keys.Rope.FREQ_BASE, float, 10000.0),
-        rope_scaling=scaling,
+        norms=dict(eps=f.get(Keys.Attention.LAYERNORM_RMS_EPS, float), **(norms or {})),
+        rope=dict(theta=f.get(Keys.Rope.FREQ_BASE, float, 10000.0), scaling=scaling, **rope),
         tie_embeddings=gguf_name(T.OUTPUT) not in tensors,
-        qkv_bias=has(T.ATTN_QKV if fused_qkv else T.ATTN_Q), o_bias=has(T.ATTN_OUT), mlp_bias=has(T.FFN_UP),
+        attention=dict(qkv_bias=has(T.ATTN_QKV if fused_qkv else T.ATTN_Q), o_bias=has(T.ATTN_OUT), window=window,
+                       **(attention or {})),
+        mlp_bias=has(T.FFN_UP),
         family=family,
         **specific,
     )
@@ -124,14 +130,14 @@ def yarn_of(f: GGUFFields, log_mul: bool = False) -> RopeScaling:
                        beta_slow=f.get(Keys.Rope.SCALING_YARN_BETA_SLOW, float, 1.0))
 
 
-def add_yarn_scaling(w: GGUFWriter, cfg: LlamaConfig, rounds_ramp: bool = False, attn_factor: bool = True) -> None:
+def add_yarn_scaling(w: GGUFWriter, cfg: DecoderConfig, rounds_ramp: bool = False, attn_factor: bool = True) -> None:
     """YaRN as llama.cpp's converter writes it (the attention factor too, which llama.cpp recomputes: a
     factor other than 0.1·ln factor + 1 is refused, since llama.cpp would not run it). llama.cpp rounds the
     ramp's edges out to whole dimensions: a config that does not is refused, unless ``rounds_ramp`` says the
     family's file is written so all the same (gpt-oss, by llama.cpp's converter). ``attn_factor``: the
     converter writes the attention factor (for gpt-oss, whose config gives none, it does not)."""
     import math
-    s = cfg.rope_scaling
+    s = cfg.rope.scaling
     if s is None or s.kind != "yarn":
         return
     if not math.isclose(s.attention_factor, 0.1 * math.log(s.factor) + 1.0 if s.factor > 1 else 1.0, rel_tol=1e-6):
@@ -192,7 +198,7 @@ POST_NORMS = [Map(gguf_name(T.ATTN_POST_NORM), "blocks.{i}.post_attn_norm.weight
               Map(gguf_name(T.FFN_POST_NORM), "blocks.{i}.post_mlp_norm.weight")]
 
 
-def decoder_gguf_keymap(config: LlamaConfig, arch: str, layer: list[Rule], final_norm: T = T.OUTPUT_NORM,
+def decoder_gguf_keymap(config: DecoderConfig, arch: str, layer: list[Rule], final_norm: T = T.OUTPUT_NORM,
                         norm2: T = T.FFN_NORM) -> KeyMap:
     """llama.cpp's names for the decoder: ``layer`` holds the rows of a block but its norms (those after
     the sublayers: ``POST_NORMS``, added where the config has them); ``final_norm``: the final norm's tensor;
@@ -200,11 +206,11 @@ def decoder_gguf_keymap(config: LlamaConfig, arch: str, layer: list[Rule], final
     head = (Tied(gguf_name(T.OUTPUT), "tok_emb.weight") if config.tie_embeddings
             else Map(gguf_name(T.OUTPUT), "lm_head.weight"))
     pre = [Map(gguf_name(T.ATTN_NORM), "blocks.{i}.norm1.weight"),
-           Map(gguf_name(norm2), "blocks.{i}.norm2.weight")] if config.norms != "post" else []
+           Map(gguf_name(norm2), "blocks.{i}.norm2.weight")] if config.norms.place != "post" else []
     return KeyMap(f"{arch} (GGUF)", [
         Map(gguf_name(T.TOKEN_EMBD), "tok_emb.weight"),
         *pre,
-        *(POST_NORMS if config.norms != "pre" else []),
+        *(POST_NORMS if config.norms.place != "pre" else []),
         *layer,
         Map(gguf_name(final_norm), "norm_f.weight"),
         head,
@@ -213,23 +219,23 @@ def decoder_gguf_keymap(config: LlamaConfig, arch: str, layer: list[Rule], final
     ])
 
 
-def add_decoder_hparams(w: GGUFWriter, cfg: LlamaConfig, *, vocab_size: bool = False, rope_dims: bool = False,
-                        original_context: bool = False, has: frozenset[str] = frozenset(), arch: str = "",
+def add_decoder_hparams(w: GGUFWriter, cfg: DecoderConfig, *, vocab_size: bool = False, rope_dims: bool = False,
+                        original_context: bool = False, has: frozenset[Feature] = frozenset(), arch: str = "",
                         feed_forward: bool = True, kv_heads: int | list[int] | None = None) -> None:
     """The hyperparameters llama.cpp's converter writes for every architecture of the decoder, in its
     order (a family adds its own after them: window, key length, scaling), no more, so that the two files'
     metadata can be compared key by key. ``vocab_size``, ``rope_dims``, ``original_context``: keys only some
     architectures get; ``feed_forward``: the dense MLP's size, absent where a config has none. ``has``: the
-    features (``LlamaConfig.features``) llama.cpp's ``arch`` runs, which the family writes; a config with
+    features (``DecoderConfig.features``) llama.cpp's ``arch`` runs, which the family writes; a config with
     another is refused. ``kv_heads``: K/V heads per layer, where the architecture writes a list (LFM2: 0 on
     its conv layers), or the one count it writes where that is not the model's (deepseek2: 1)."""
-    missing = cfg.features() - has - {"layer_types"}  # windows: add_window
+    missing = cfg.features() - typed_features(has) - {Feature.LAYER_TYPES}  # windows: add_window
     if missing:
         raise GptconvError(f"llama.cpp's {arch or 'architecture'} has no place for: {', '.join(sorted(missing))}; "
                            "not exported")
     w.add_context_length(cfg.context_length)
     if original_context:  # without longrope the original context is the context
-        s = cfg.rope_scaling
+        s = cfg.rope.scaling
         w.add_rope_scaling_orig_ctx_len(s.original_context_length if s is not None and s.kind == "longrope"
                                         else cfg.context_length)
     w.add_embedding_length(cfg.d_model)
@@ -240,16 +246,16 @@ def add_decoder_hparams(w: GGUFWriter, cfg: LlamaConfig, *, vocab_size: bool = F
     if vocab_size:
         w.add_vocab_size(cfg.vocab_size)
     w.add_head_count_kv(cfg.n_kv_heads if kv_heads is None else kv_heads)
-    w.add_layer_norm_rms_eps(cfg.norm_eps)
+    w.add_layer_norm_rms_eps(cfg.norms.eps)
     if rope_dims:
-        w.add_rope_dimension_count(cfg.rope_dim or cfg.head_dim)
-    w.add_rope_freq_base(cfg.rope_theta)
+        w.add_rope_dimension_count(cfg.rope.dim or cfg.head_dim)
+    w.add_rope_freq_base(cfg.rope.theta)
     if cfg.experts:
         w.add_expert_count(cfg.experts.count)
         w.add_expert_used_count(cfg.experts.used)
 
 
-def add_llama_hparams(w: GGUFWriter, cfg: LlamaConfig, key_length_always: bool) -> None:
+def add_llama_hparams(w: GGUFWriter, cfg: DecoderConfig, key_length_always: bool) -> None:
     """What llama.cpp's converter writes for its ``llama`` architecture (Llama, Mistral, Mixtral): the
     vocabulary size and the rope dimension too, and the window kept (see ``add_window``)."""
     add_decoder_hparams(w, cfg, vocab_size=True, rope_dims=True)
@@ -258,25 +264,25 @@ def add_llama_hparams(w: GGUFWriter, cfg: LlamaConfig, key_length_always: bool) 
     add_linear_scaling(w, cfg)
 
 
-def add_window(w: GGUFWriter, cfg: LlamaConfig, arch: str, kept: bool) -> None:
+def add_window(w: GGUFWriter, cfg: DecoderConfig, arch: str, kept: bool) -> None:
     """A window on every layer: ``kept`` where the architecture has none in llama.cpp but the key is written
     so that reading the file back keeps it (llama.cpp ignores it); else refused."""
-    if cfg.sliding_window is not None:
+    if cfg.attention.window is not None:
         if not kept:
             raise GptconvError(f"llama.cpp's {arch} has no sliding window; not exported")
         if cfg.layer_types:
             raise GptconvError(f"llama.cpp's {arch} has no sliding window on some layers only; not exported")
-        w.add_sliding_window(cfg.sliding_window)
+        w.add_sliding_window(cfg.attention.window)
 
 
-def add_key_length(w: GGUFWriter, cfg: LlamaConfig, always: bool) -> None:
+def add_key_length(w: GGUFWriter, cfg: DecoderConfig, always: bool) -> None:
     """The key/value length where config.json has head_dim: ``always``, or where it is not d / heads."""
     if always or cfg.head_dim != cfg.d_model // cfg.n_heads:
         w.add_key_length(cfg.head_dim)
         w.add_value_length(cfg.head_dim)
 
 
-def add_linear_scaling(w: GGUFWriter, cfg: LlamaConfig) -> None:
-    if cfg.rope_scaling is not None and cfg.rope_scaling.kind == "linear":
+def add_linear_scaling(w: GGUFWriter, cfg: DecoderConfig) -> None:
+    if cfg.rope.scaling is not None and cfg.rope.scaling.kind == "linear":
         w.add_rope_scaling_type(RopeScalingType.LINEAR)
-        w.add_rope_scaling_factor(cfg.rope_scaling.factor)
+        w.add_rope_scaling_factor(cfg.rope.scaling.factor)

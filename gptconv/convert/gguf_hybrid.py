@@ -22,7 +22,7 @@ import torch
 from gguf import Keys
 
 from ..errors import GptconvError, where
-from ..layers.decoder import FULL, LINEAR, LlamaConfig
+from ..layers.decoder import FULL, LINEAR, Feature, DecoderConfig
 from ..layers.linear_attention import DeltaNetShape
 from .gguf_decoder import (EXPERTS, NORM_PLUS_ONE, add_decoder_hparams, add_key_length, decoder_config_from_gguf,
                            experts_of)
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 MROPE_SECTIONS = [11, 11, 10, 0]  # llama.cpp's qwen35 requires them; for text any sections are plain RoPE
 
 
-def add_mrope_sections(w: GGUFWriter, c: LlamaConfig, arch: str) -> None:
+def add_mrope_sections(w: GGUFWriter, c: DecoderConfig, arch: str) -> None:
     """The M-RoPE sections llama.cpp's qwen35 requires (the converter's default): llama.cpp asserts (and
     aborts the process) when they add up to more than head_dim, so such a model is refused."""
     if sum(MROPE_SECTIONS) > c.head_dim:
@@ -47,7 +47,7 @@ def add_mrope_sections(w: GGUFWriter, c: LlamaConfig, arch: str) -> None:
     w.add_rope_dimension_sections(MROPE_SECTIONS)
 
 
-def _tile(t: torch.Tensor, c: LlamaConfig, width: int, dim: int, inverse: bool = False) -> torch.Tensor:
+def _tile(t: torch.Tensor, c: DecoderConfig, width: int, dim: int, inverse: bool = False) -> torch.Tensor:
     """Value heads (blocks of ``width`` along ``dim``) from grouped by key head to tiled (``inverse``: back)."""
     s = c.linear_attention
     r = s.v_heads // s.k_heads
@@ -62,7 +62,7 @@ def _tile(t: torch.Tensor, c: LlamaConfig, width: int, dim: int, inverse: bool =
 def _tiled(name: str, width: Any, dim: int = 0, after: Any = None) -> Transform:
     """GGUF (tiled) → ours (grouped) for a tensor of value heads of ``width(c)`` along ``dim``; ``after``:
     how many leading entries along ``dim`` are not value heads (the q and k rows of ``attn_qkv``)."""
-    def move(t: torch.Tensor, c: LlamaConfig, inverse: bool) -> torch.Tensor:
+    def move(t: torch.Tensor, c: DecoderConfig, inverse: bool) -> torch.Tensor:
         lead = after(c) if after else 0
         head, tail = t.narrow(dim, 0, lead), t.narrow(dim, lead, t.shape[dim] - lead)
         return torch.cat([head, _tile(tail, c, width(c), dim, inverse)], dim) if lead else _tile(tail, c, width(c), dim,
@@ -106,7 +106,7 @@ SHARED_EXPERT = [Map(gguf_name(src), f"blocks.{{i}}.mlp.{dst}.weight") for src, 
     (T.FFN_GATE_INP_SHEXP, "shared_gate"))]
 
 
-def hybrid_gguf_keymap(c: LlamaConfig, arch: str, tiled: bool) -> KeyMap:
+def hybrid_gguf_keymap(c: DecoderConfig, arch: str, tiled: bool) -> KeyMap:
     """Every row of a Qwen hybrid file: norms (1 + w), the gated attention (q and gate interleaved in
     ``attn_q``), the linear layers, and a dense MLP or routed experts with the shared one."""
     plus_one = lambda tensor, ours: Map(gguf_name(tensor), ours, NORM_PLUS_ONE)  # noqa: E731
@@ -133,7 +133,7 @@ def hybrid_gguf_keymap(c: LlamaConfig, arch: str, tiled: bool) -> KeyMap:
 
 
 def hybrid_config_from_gguf(f: GGUFFields, tensors: dict, family: str, experts: dict[str, Any] | None = None,
-                            **specific: Any) -> LlamaConfig:
+                            **specific: Any) -> DecoderConfig:
     """A Qwen hybrid's config: which layers are linear (``attention.recurrent_layers``, else every
     ``full_attention_interval``-th is full) and the linear layers' sizes from the ``ssm`` keys; routed
     experts where the file declares them, with the family's ``experts`` fields (of ``mlp.Experts``)."""
@@ -162,14 +162,14 @@ def hybrid_config_from_gguf(f: GGUFFields, tensors: dict, family: str, experts: 
                               conv_kernel=f.get(Keys.SSM.CONV_KERNEL, int))
     except ValueError as e:
         raise where(f.path, str(e)) from None
-    return decoder_config_from_gguf(
-        f, tensors, family, partial_rotary=True, qk_norm=True, offset_norms=True, attention_gate=True,
-        layer_types=tuple(LINEAR if r else FULL for r in recurrent), linear_attention=shape,
-        **experts_of(f, **(experts or {})),
-        n_layers=n, mtp_layers=nextn, **specific)
+    return decoder_config_from_gguf(f, tensors, family, partial_rotary=True, attention=dict(qk_norm=True, gate=True),
+                                    norms=dict(offset=True),
+                                    layer_types=tuple(LINEAR if r else FULL for r in recurrent),
+                                    linear_attention=shape, **experts_of(f, **(experts or {})), n_layers=n,
+                                    mtp_layers=nextn, **specific)
 
 
-def add_hybrid_hparams(w: GGUFWriter, c: LlamaConfig, arch: str, has: frozenset[str], feed_forward: bool = True) -> None:
+def add_hybrid_hparams(w: GGUFWriter, c: DecoderConfig, arch: str, has: frozenset[Feature], feed_forward: bool = True) -> None:
     """What llama.cpp's converter writes for a Qwen hybrid, no more (``feed_forward``: the dense MLP's size,
     which Qwen3.5-MoE's config does not have)."""
     s = c.linear_attention
@@ -192,10 +192,10 @@ def add_hybrid_hparams(w: GGUFWriter, c: LlamaConfig, arch: str, has: frozenset[
     w.add_ssm_inner_size(s.v_dim * s.v_heads)
     w.add_array(f"{arch}.attention.recurrent_layers", [c.linear_at(i) for i in range(c.n_layers)] + [False] * c.mtp_layers)
     w.add_full_attention_interval(_interval(c))
-    w.add_rope_dimension_count(c.rope_dim or c.head_dim)
+    w.add_rope_dimension_count(c.rope.dim or c.head_dim)
 
 
-def _interval(c: LlamaConfig) -> int:
+def _interval(c: DecoderConfig) -> int:
     """Every how many layers one is full attention, where the layers say so regularly; else 4 (the
     converter's default, where a config has no full_attention_interval; llama.cpp reads recurrent_layers)."""
     full = [i for i in range(c.n_layers) if not c.linear_at(i)]

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from ..layers.decoder import FULL, LINEAR, LlamaConfig
+from ..layers.decoder import FULL, LINEAR, DecoderConfig
 from ..layers.linear_attention import DeltaNetShape
 from .hf_config import ConfigFields
 from .hf_decoder import decoder_config_from_hf
@@ -34,17 +34,17 @@ SHARED_EXPERT = [*((f"mlp.shared_expert.{n}_proj.weight", f"mlp.shared.{n}.weigh
 def per_head(name: str, sizes: Any) -> Fuse:
     """A source tensor holding, per group of rows, parts of the sizes ``sizes(config)`` (one per target) side
     by side: ``groups`` repeats of [part 0, part 1, …]; our targets hold each part's rows of every group."""
-    def split(t: torch.Tensor, c: LlamaConfig) -> list[torch.Tensor]:
+    def split(t: torch.Tensor, c: DecoderConfig) -> list[torch.Tensor]:
         groups, widths = sizes(c)
         rows = t.view(groups, sum(widths), *t.shape[1:]).split(widths, dim=1)
         return [r.reshape(groups * w, *t.shape[1:]) for r, w in zip(rows, widths)]
 
-    def join(parts: list[torch.Tensor], c: LlamaConfig) -> torch.Tensor:
+    def join(parts: list[torch.Tensor], c: DecoderConfig) -> torch.Tensor:
         groups, widths = sizes(c)
         return torch.cat([p.view(groups, w, *p.shape[1:]) for p, w in zip(parts, widths)], dim=1).reshape(
             groups * sum(widths), *parts[0].shape[1:])
 
-    def shapes(s: tuple[int, ...], c: LlamaConfig) -> list[tuple[int, ...]]:
+    def shapes(s: tuple[int, ...], c: DecoderConfig) -> list[tuple[int, ...]]:
         groups, widths = sizes(c)
         if not s or s[0] != groups * sum(widths):
             return [s]  # cannot be split so: the ledger reports the shape
@@ -58,25 +58,25 @@ GATED_Q = Fused("model.layers.{i}.self_attn.q_proj.weight", ["blocks.{i}.attn.q.
                 per_head("q and gate per head", lambda c: (c.n_heads, [c.head_dim, c.head_dim])))
 
 
-def _qkvz(c: LlamaConfig) -> tuple[int, list[int]]:
+def _qkvz(c: DecoderConfig) -> tuple[int, list[int]]:
     s = c.linear_attention
     group = s.v_heads // s.k_heads
     return s.k_heads, [s.k_dim, s.k_dim, group * s.v_dim, group * s.v_dim]
 
 
-def _split_qkvz(t: torch.Tensor, c: LlamaConfig) -> list[torch.Tensor]:
+def _split_qkvz(t: torch.Tensor, c: DecoderConfig) -> list[torch.Tensor]:
     q, k, v, z = per_head("", _qkvz).split(t, c)
     return [torch.cat([q, k, v]), z]
 
 
-def _join_qkvz(parts: list[torch.Tensor], c: LlamaConfig) -> torch.Tensor:
+def _join_qkvz(parts: list[torch.Tensor], c: DecoderConfig) -> torch.Tensor:
     s = c.linear_attention
     qkv, z = parts
     q, k, v = qkv.split([s.k_heads * s.k_dim, s.k_heads * s.k_dim, s.v_heads * s.v_dim])
     return per_head("", _qkvz).join([q, k, v, z], c)
 
 
-def _shapes_qkvz(s: tuple[int, ...], c: LlamaConfig) -> list[tuple[int, ...]]:
+def _shapes_qkvz(s: tuple[int, ...], c: DecoderConfig) -> list[tuple[int, ...]]:
     groups, widths = _qkvz(c)
     if not s or s[0] != groups * sum(widths):
         return [s]
@@ -114,14 +114,14 @@ def hybrid_from_hf(f: ConfigFields) -> dict[str, Any]:
     return dict(layer_types=tuple(types), linear_attention=shape if LINEAR in types else None)
 
 
-def hybrid_config_from_hf(f: ConfigFields, family: str, **specific: Any) -> LlamaConfig:
+def hybrid_config_from_hf(f: ConfigFields, family: str, **specific: Any) -> DecoderConfig:
     """The fields every Qwen hybrid shares: q/k norms, gated attention, partial rotary, 1 + w norms."""
     bias = f.bool("attention_bias", False)
-    return decoder_config_from_hf(f, family, {}, qkv_bias=bias, o_bias=bias, qk_norm=True, partial_rotary=True,
-                                  offset_norms=True, attention_gate=True, **hybrid_from_hf(f), **specific)
+    return decoder_config_from_hf(f, family, {}, attention=dict(qkv_bias=bias, o_bias=bias, qk_norm=True, gate=True),
+                                  partial_rotary=True, norms=dict(offset=True), **hybrid_from_hf(f), **specific)
 
 
-def hybrid_to_hf(c: LlamaConfig) -> dict[str, Any]:
+def hybrid_to_hf(c: DecoderConfig) -> dict[str, Any]:
     s = c.linear_attention
     out = {"layer_types": [LINEAR if c.linear_at(i) else FULL for i in range(c.n_layers)]}
     if s is not None:

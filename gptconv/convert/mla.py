@@ -1,4 +1,4 @@
-"""DeepSeek's layout of the Llama decoder with multi-head latent attention (``layers/mla.py``) and DeepSeek's
+"""DeepSeek's layout of the decoder with multi-head latent attention (``layers/mla.py``) and DeepSeek's
 routing (``mlp.MoE.route``), shared by the families that have it (``families/deepseek_v3.py``, ``glm4_moe_lite.py``):
 config.json's MLA and routing fields, YaRN with DeepSeek's mscale on the attention scale, the key tables (the
 releases' interleaved rope rows reordered; kv_b_proj split by head), and llama.cpp's deepseek2 (metadata,
@@ -15,7 +15,7 @@ import torch
 from gguf import ExpertGatingFuncType, Keys, RopeScalingType
 
 from ..errors import GptconvError, where
-from ..layers.decoder import LlamaConfig
+from ..layers.decoder import Feature, DecoderConfig
 from ..layers.mla import MLAShape
 from ..layers.mlp import Experts
 from ..layers.rope import RopeScaling
@@ -23,8 +23,9 @@ from .gguf_decoder import EXPERTS, add_decoder_hparams, decoder_config_from_gguf
 from .gguf_hybrid import SHARED_EXPERT as GGUF_SHARED
 from .gguf_meta import T, gguf_name
 from .hf_config import ConfigFields
-from .hf_decoder import (EXPERT_ROWS, MLP, NORMS, decoder_config_from_hf, decoder_config_to_hf, decoder_hf_keymap,
-                         fused_experts, rope_parameters)
+from .hf_decoder import decoder_config_from_hf, decoder_config_to_hf
+from .hf_rope import rope_parameters
+from .hf_keys import EXPERT_ROWS, MLP, NORMS, decoder_hf_keymap, fused_experts
 from .keymap import Fuse, Fused, KeyMap, Map, Transform, Tied
 from .mtp import trunk_layers, with_dropped_mtp
 
@@ -41,9 +42,9 @@ def mla_scale(qk_head_dim: int, scaling: RopeScaling | None, mscale_all_dim: flo
     return scale
 
 
-MLA_HAS = frozenset({"partial rotary", "yarn", "multi-head latent attention", "sigmoid router", "expert groups",
-                     "routed scaling", "router correction bias", "ungated shared expert", "shared expert",
-                     "expert size", "dense layers among experts"})
+MLA_HAS = frozenset({Feature.PARTIAL_ROTARY, Feature.YARN, Feature.MLA, Feature.SIGMOID_ROUTER, Feature.EXPERT_GROUPS,
+                     Feature.ROUTED_SCALING, Feature.CORRECTION_BIAS, Feature.UNGATED_SHARED_EXPERT, Feature.SHARED_EXPERT,
+                     Feature.EXPERT_SIZE, Feature.DENSE_AMONG_EXPERTS})
 
 
 # transformers' DeepseekV3Attention (and GLM-4.7-Flash's, which is it) builds the latents' RMSNorms with its
@@ -51,7 +52,7 @@ MLA_HAS = frozenset({"partial rotary", "yarn", "multi-head latent attention", "s
 LATENT_NORM_EPS = 1e-6
 
 
-def mla_config_from_hf(f: ConfigFields, family: str, dense: list[bool], defaults: dict[str, Any]) -> LlamaConfig:
+def mla_config_from_hf(f: ConfigFields, family: str, dense: list[bool], defaults: dict[str, Any]) -> DecoderConfig:
     """The config of a model_type of DeepSeek's layout: ``dense`` says which layers have a dense MLP (the
     family reads it: first_k_dense_replace, mlp_layer_types); ``defaults``: transformers' values of the
     family for fields a config.json may leave out (n_group, topk_group, routed_scaling_factor, rms_norm_eps)."""
@@ -68,29 +69,29 @@ def mla_config_from_hf(f: ConfigFields, family: str, dense: list[bool], defaults
     groups = (f.positive("n_group", defaults["n_group"]), f.positive("topk_group", defaults["topk_group"]))
     bias = f.bool("attention_bias", False)
     data = {**f.data, "head_dim": nope + rope}
-    config = decoder_config_from_hf(
-        ConfigFields(data, f.origin), family, defaults, qkv_bias=bias, o_bias=bias,
-        rope_dim=rope, moe_layers=tuple(not d for d in dense),
-        experts=Experts(f.positive("n_routed_experts", 256), f.positive("num_experts_per_tok", 8), moe_d_ff,
+    config = decoder_config_from_hf(ConfigFields(data, f.origin), family, defaults,
+                                    attention=dict(qkv_bias=bias, o_bias=bias), rope=dict(dim=rope),
+                                    moe_layers=tuple(not d for d in dense),
+                                    experts=Experts(f.positive("n_routed_experts", 256), f.positive("num_experts_per_tok", 8), moe_d_ff,
                         renormalise=f.bool("norm_topk_prob", True), scoring="sigmoid", groups=groups,
                         scaling=f.float("routed_scaling_factor", defaults["routed_scaling_factor"]),
                         correction_bias=True, shared_d_ff=shared * moe_d_ff, shared_gate=False),
-        mla=MLAShape(kv_lora_rank=f.positive("kv_lora_rank", 512), qk_nope_dim=nope, qk_rope_dim=rope,
+                                    mla=MLAShape(kv_lora_rank=f.positive("kv_lora_rank", 512), qk_nope_dim=nope, qk_rope_dim=rope,
                      v_head_dim=f.positive("v_head_dim", 128), q_lora_rank=0 if q_lora is None else int(q_lora),
                      scale=1.0, norm_eps=LATENT_NORM_EPS))
     p = rope_parameters(f)
-    m_all = p.float("mscale_all_dim", 0.0) if config.rope_scaling is not None else 0.0
-    return replace(config, mla=replace(config.mla, scale=mla_scale(nope + rope, config.rope_scaling, m_all)))
+    m_all = p.float("mscale_all_dim", 0.0) if config.rope.scaling is not None else 0.0
+    return replace(config, mla=replace(config.mla, scale=mla_scale(nope + rope, config.rope.scaling, m_all)))
 
 
-def mla_config_to_hf(c: LlamaConfig, model_type: str, hf_class: str) -> dict[str, Any]:
+def mla_config_to_hf(c: DecoderConfig, model_type: str, hf_class: str) -> dict[str, Any]:
     """The fields every model_type of DeepSeek's layout has (the family adds how it says its dense layers)."""
     _check(c, f"HF's {model_type}")
-    out = decoder_config_to_hf(c, model_type, hf_class, biases=(c.qkv_bias, c.o_bias, False), experts=True,
+    out = decoder_config_to_hf(c, model_type, hf_class, biases=(c.attention.qkv_bias, c.attention.o_bias, False), experts=True,
                                has=MLA_HAS)
     m, e = c.mla, c.experts
     out["rope_parameters"].pop("partial_rotary_factor", None)
-    s = c.rope_scaling
+    s = c.rope.scaling
     if s is not None and s.kind == "yarn":  # DeepSeek's mscale: the attention scale's, read back from it
         m_all = _mscale_all_dim(c)
         out["rope_parameters"].update(mscale=m_all, mscale_all_dim=m_all)
@@ -105,13 +106,13 @@ def mla_config_to_hf(c: LlamaConfig, model_type: str, hf_class: str) -> dict[str
     return out
 
 
-def _mscale_all_dim(c: LlamaConfig) -> float:
+def _mscale_all_dim(c: DecoderConfig) -> float:
     """mscale_all_dim from the attention scale (it is (0.1 · m · ln factor + 1)² × head^-½)."""
     ratio = c.mla.scale / c.mla.qk_head_dim ** -0.5
-    return (math.sqrt(ratio) - 1.0) / (0.1 * math.log(c.rope_scaling.factor)) if c.rope_scaling.factor > 1 else 0.0
+    return (math.sqrt(ratio) - 1.0) / (0.1 * math.log(c.rope.scaling.factor)) if c.rope.scaling.factor > 1 else 0.0
 
 
-def _check(c: LlamaConfig, where_to: str) -> None:
+def _check(c: DecoderConfig, where_to: str) -> None:
     """What DeepSeek's layer always is: latent attention, sigmoid routing with its bias, dense layers first
     then experts, the shared experts ungated and a whole number of the expert size."""
     dense, e = [not c.experts_at(i) for i in range(c.n_layers)], c.experts
@@ -123,7 +124,7 @@ def _check(c: LlamaConfig, where_to: str) -> None:
         ("dense layers after the first expert layer", dense != sorted(dense, reverse=True)),
         ("a gated shared expert", bool(e.shared_d_ff) and e.shared_gate),
         ("shared experts that are not a whole number of experts", bool(e.d_ff) and e.shared_d_ff % e.d_ff),
-        ("a window", c.sliding_window is not None)) if bad]
+        ("a window", c.attention.window is not None)) if bad]
     if problems:
         raise ValueError(f"{where_to} has no place for {problems[0]}")
 
@@ -158,7 +159,7 @@ _KV_B = Fuse(
                   if len(s) == 2 and s[0] == c.n_heads * (c.mla.qk_nope_dim + c.mla.v_head_dim) else [s]))
 
 
-def mla_hf_keymap(c: LlamaConfig, model_type: str) -> KeyMap:
+def mla_hf_keymap(c: DecoderConfig, model_type: str) -> KeyMap:
     attention = [("self_attn.q_a_layernorm.weight", "attn.q_a_norm.weight"),
                  ("self_attn.kv_a_layernorm.weight", "attn.kv_a_norm.weight"),
                  *((f"self_attn.{src}.{p}", f"attn.{dst}.{p}") for src, dst in (("q_a_proj", "q_a"), ("o_proj", "o"))
@@ -185,7 +186,7 @@ _V_B = Transform("v_b_by_head", lambda t, c: t.reshape(-1, t.shape[2]),
                  lambda s, c: (s[0] * s[1], s[2]) if len(s) == 3 else (-1,))
 
 
-def deepseek2_gguf_keymap(c: LlamaConfig) -> KeyMap:
+def deepseek2_gguf_keymap(c: DecoderConfig) -> KeyMap:
     head = (Tied(gguf_name(T.OUTPUT), "tok_emb.weight") if c.tie_embeddings
             else Map(gguf_name(T.OUTPUT), "lm_head.weight"))
     layer = [Map(gguf_name(T.ATTN_NORM), "blocks.{i}.norm1.weight"), Map(gguf_name(T.FFN_NORM), "blocks.{i}.norm2.weight"),
@@ -229,7 +230,7 @@ def deepseek_experts(f: GGUFFields, moe_d_ff: int) -> Experts:
                    shared_d_ff=f.get(Keys.LLM.EXPERT_SHARED_COUNT, int) * moe_d_ff, shared_gate=False)
 
 
-def deepseek2_config_from_gguf(f: GGUFFields, tensors: dict, family: str) -> LlamaConfig:
+def deepseek2_config_from_gguf(f: GGUFFields, tensors: dict, family: str) -> DecoderConfig:
     """llama.cpp's deepseek2: the MLA sizes from its own keys, sigmoid routing (expert_gating_func), the
     dense layers first, DeepSeek's YaRN mscale from yarn_log_mul."""
     n = trunk_layers(f, tensors)  # the MTP blocks after them are dropped (``with_dropped_mtp``)
@@ -248,10 +249,10 @@ def deepseek2_config_from_gguf(f: GGUFFields, tensors: dict, family: str) -> Lla
                      qk_rope_dim=rope, v_head_dim=v_len, q_lora_rank=f.get(Keys.Attention.Q_LORA_RANK, int, 0),
                      scale=1.0))
     m_all = f.get(Keys.Rope.SCALING_YARN_LOG_MUL, float, 0.0) / 0.1
-    return replace(config, mla=replace(config.mla, scale=mla_scale(k_len, config.rope_scaling, m_all)))
+    return replace(config, mla=replace(config.mla, scale=mla_scale(k_len, config.rope.scaling, m_all)))
 
 
-def deepseek2_gguf_metadata(w: GGUFWriter, c: LlamaConfig) -> None:
+def deepseek2_gguf_metadata(w: GGUFWriter, c: DecoderConfig) -> None:
     """llama.cpp's converter: the generic keys (K/V heads 1: its MLA is MQA over the latent), then its MLA
     and expert keys, DeepSeek's YaRN."""
     try:
@@ -261,7 +262,7 @@ def deepseek2_gguf_metadata(w: GGUFWriter, c: LlamaConfig) -> None:
     m = c.mla
     dense = next((i for i in range(c.n_layers) if c.experts_at(i)), c.n_layers)
     add_decoder_hparams(w, c, has=MLA_HAS, arch="deepseek2", kv_heads=1)
-    s = c.rope_scaling
+    s = c.rope.scaling
     if s is not None and s.kind == "yarn":
         w.add_rope_scaling_type(RopeScalingType.YARN)
         w.add_rope_scaling_factor(s.factor)

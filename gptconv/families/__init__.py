@@ -4,7 +4,9 @@ gptconv uses instead of testing a family's name.
 A family file holds its config dataclass (or uses the shared decoder's), its presets with their Hub
 repos, its model where its steps differ from the shared parts (``gptconv/layers/``), its HF config
 parser and writer, its HF key table, its GGUF parser, metadata writer and key table, and one
-``FAMILY = Family(...)`` record (``base.py``). Adding a family is one new file and one line below.
+``FAMILY = Family(...)`` record (``base.py``). Adding a family is one new file and one line below
+(``docs/adding-a-family.md`` is the checklist); a family of your own, outside this package, is
+``register(FAMILY)``.
 """
 
 from __future__ import annotations
@@ -53,6 +55,27 @@ BY_GGUF_ARCH: dict[str, tuple[Family, ...]] = {a: tuple(f for f in FAMILIES if f
 PRESETS: dict[str, Preset] = {name: p for f in FAMILIES for name, p in f.presets.items()}
 
 
+def register(family: Family) -> None:
+    """Add ``family`` to the lookups, as if it were listed above (a family file of your own, outside this
+    package): it is then read, traced, verified and exported like the others. A name, HF model_type,
+    wrapper or preset already taken is refused (``gptconv.models.PRESETS`` lists the families above only)."""
+    taken = [what for what, clash in (
+        (f"family '{family.name}'", family.name in BY_NAME),
+        *((f"model_type '{t}'", t in BY_HF_TYPE or t in BY_WRAPPER) for t in family.hf_model_types),
+        *((f"wrapper '{w.model_type}'", w.model_type in BY_WRAPPER or w.model_type in BY_HF_TYPE)
+          for w in family.wrappers),
+        *((f"preset '{p}'", p in PRESETS) for p in family.presets)) if clash]
+    if taken:
+        raise GptconvError(f"cannot register family '{family.name}': {', '.join(taken)} already taken")
+    global FAMILIES
+    FAMILIES = (*FAMILIES, family)
+    BY_NAME[family.name] = family
+    BY_HF_TYPE.update({t: family for t in family.hf_model_types})
+    BY_WRAPPER.update({w.model_type: (family, w) for w in family.wrappers})
+    BY_GGUF_ARCH[family.gguf_arch] = (*BY_GGUF_ARCH.get(family.gguf_arch, ()), family)
+    PRESETS.update(family.presets)
+
+
 def family_of(config: Any) -> Family:
     """The family a config of ours belongs to (its ``family``)."""
     return BY_NAME[config.family]
@@ -79,4 +102,4 @@ def for_gguf(fields: Any) -> Family:
 
 
 __all__ = ["BY_GGUF_ARCH", "BY_HF_TYPE", "BY_WRAPPER", "FAMILIES", "Family", "PRESETS", "Preset", "Wrapper",
-           "family_of", "for_gguf", "for_hf"]
+           "family_of", "for_gguf", "for_hf", "register"]

@@ -1,4 +1,4 @@
-"""EXAONE 4.0 (HF exaone4; GGUF exaone4): the Llama decoder with its norms after the sublayers (as OLMo 2),
+"""EXAONE 4.0 (HF exaone4; GGUF exaone4): the decoder with its norms after the sublayers (as OLMo 2),
 q and k RMS-normed per head (as Qwen3), and, where the config has a window, three sliding layers with
 RoPE to one global layer without it (NoPE: position enters the global layers only through the causal
 mask). Without a window (EXAONE-4.0-1.2B) every layer is global and rotates. llama.cpp's exaone4 rotates
@@ -14,11 +14,12 @@ from gguf import Keys
 from ..convert.gguf_decoder import (QK_NORM as GGUF_QK_NORM, add_decoder_hparams, add_key_length,
                                     decoder_config_from_gguf, decoder_gguf_keymap, refuse_experts, standard_layer)
 from ..convert.hf_config import ConfigFields
-from ..convert.hf_decoder import (ATTENTION, DECODER_HF_STEPS, MLP, POST_NORM_STEPS, POST_NORMS, QK_NORM,
-                                  QK_NORM_STEPS, decoder_config_from_hf, decoder_config_to_hf, decoder_hf_keymap,
-                                  describe_decoder, layer_types, windows_of_layer_types)
+from ..convert.hf_decoder import decoder_config_from_hf, decoder_config_to_hf, layer_types, windows_of_layer_types
+from ..convert.hf_keys import (ATTENTION, DECODER_HF_STEPS, MLP, POST_NORMS, POST_NORM_STEPS, QK_NORM, QK_NORM_STEPS,
+                               decoder_hf_keymap)
+from ..describe import describe_decoder
 from ..errors import GptconvError, where
-from ..layers.decoder import FULL, SLIDING, Llama, LlamaConfig
+from ..layers.decoder import FULL, Feature, Decoder, DecoderConfig, SLIDING
 from ..layers.rope import RopeScaling
 from .base import Family, Preset
 from ..convert.gguf_meta import block_count
@@ -27,20 +28,20 @@ if TYPE_CHECKING:
     from gguf import GGUFWriter
     from ..sources.gguf_file import GGUFFields
 
-_EXAONE = dict(qk_norm=True, norms="post")
+_ATTENTION, _NORMS = dict(qk_norm=True), dict(place="post")  # q/k norms; norms after each sublayer
 
 PRESETS: dict[str, Preset] = {
     # LGAI-EXAONE/EXAONE-4.0-1.2B: 30 layers of 2048, 32 heads, 8 K/V heads of 64, tied, every layer global;
     # Llama 3 RoPE scaling (factor 16 from 8192) for its 64k context
-    "exaone-4.0-1.2b": Preset(LlamaConfig(
+    "exaone-4.0-1.2b": Preset(DecoderConfig.build(
         vocab_size=102400, context_length=65536, d_model=2048, n_layers=30, n_heads=32, n_kv_heads=8, d_ff=4096,
-        head_dim=64, norm_eps=1e-5, rope_theta=1000000.0, tie_embeddings=True,
-        rope_scaling=RopeScaling("llama3", factor=16.0, low_freq_factor=1.0, high_freq_factor=4.0,
-                                 original_context_length=8192),
-        bos_token_id=1, eos_token_id=361, family="exaone4", **_EXAONE), "LGAI-EXAONE/EXAONE-4.0-1.2B"),
+        head_dim=64, norms=dict(eps=1e-5, **_NORMS), attention=_ATTENTION, tie_embeddings=True,
+        rope=dict(theta=1000000.0, scaling=RopeScaling("llama3", factor=16.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                                       original_context_length=8192)),
+        bos_token_id=1, eos_token_id=361, family="exaone4"), "LGAI-EXAONE/EXAONE-4.0-1.2B"),
 }
 
-_HAS = frozenset({"post norms", "layer_types", "NoPE layers"})
+_HAS = frozenset({Feature.POST_NORMS, Feature.LAYER_TYPES, Feature.NOPE_LAYERS})
 
 
 def _layer_types(f: ConfigFields) -> list[str] | None:
@@ -59,32 +60,33 @@ def _layer_types(f: ConfigFields) -> list[str] | None:
     return [SLIDING if (i + 1) % pattern else FULL for i in range(n)]
 
 
-def config_from_hf(data: dict[str, Any], origin: object) -> LlamaConfig:
+def config_from_hf(data: dict[str, Any], origin: object) -> DecoderConfig:
     f = ConfigFields(data, origin)
     types = _layer_types(f)
     windows = windows_of_layer_types(f, types)
     # with a window, only the sliding layers rotate; without one, every layer does
     rope_layers = tuple(t == SLIDING for t in types) if types else ()
-    return decoder_config_from_hf(f, "exaone4", {"rms_norm_eps": 1e-5}, rope_layers=rope_layers, **windows, **_EXAONE)
+    return decoder_config_from_hf(f, "exaone4", {"rms_norm_eps": 1e-5}, rope=dict(layers=rope_layers), **windows,
+                                  attention=_ATTENTION, norms=_NORMS)
 
 
-def _nope_on_global_layers(c: LlamaConfig) -> None:
+def _nope_on_global_layers(c: DecoderConfig) -> None:
     """EXAONE 4 has no NoPE rule of its own: its global layers skip RoPE exactly when some layer slides."""
-    expected = tuple(c.window(i) is not None for i in range(c.n_layers)) if c.sliding_window is not None else ()
+    expected = tuple(c.window(i) is not None for i in range(c.n_layers)) if c.attention.window is not None else ()
     if tuple(c.rope_at(i) for i in range(c.n_layers)) != (expected or (True,) * c.n_layers):
         raise ValueError("EXAONE 4 rotates exactly its sliding layers (all of them without a window); "
                          "this model's NoPE layers differ")
 
 
-def config_to_hf(c: LlamaConfig) -> dict[str, Any]:
+def config_to_hf(c: DecoderConfig) -> dict[str, Any]:
     _nope_on_global_layers(c)
     out = decoder_config_to_hf(c, "exaone4", "Exaone4ForCausalLM", qk_norm=True, has=_HAS)
-    if c.sliding_window is not None:
+    if c.attention.window is not None:
         out["layer_types"] = [SLIDING if c.window(i) else FULL for i in range(c.n_layers)]
     return out
 
 
-def config_from_gguf(f: GGUFFields, tensors: dict) -> LlamaConfig:
+def config_from_gguf(f: GGUFFields, tensors: dict) -> DecoderConfig:
     refuse_experts(f)
     window = f.get(Keys.Attention.SLIDING_WINDOW, int, 0) or None
     n = block_count(f, tensors)
@@ -97,11 +99,12 @@ def config_from_gguf(f: GGUFFields, tensors: dict) -> LlamaConfig:
                                 f"{n} layers")
         types = tuple(SLIDING if p else FULL for p in pattern)
     rope_layers = tuple(t == SLIDING for t in types)
-    return decoder_config_from_gguf(f, tensors, "exaone4", sliding_window=window, layer_types=types,
-                                    rope_layers=rope_layers, **_EXAONE)
+    return decoder_config_from_gguf(f, tensors, "exaone4", window=window, layer_types=types,
+                                    rope=dict(layers=rope_layers), attention=_ATTENTION,
+                                    norms=_NORMS)
 
 
-def gguf_metadata(w: GGUFWriter, c: LlamaConfig) -> None:
+def gguf_metadata(w: GGUFWriter, c: DecoderConfig) -> None:
     """llama.cpp's converter: the generic keys, the vocabulary size, the window and which layers slide."""
     try:
         _nope_on_global_layers(c)
@@ -109,13 +112,13 @@ def gguf_metadata(w: GGUFWriter, c: LlamaConfig) -> None:
         raise GptconvError(f"cannot be written as GGUF exaone4: {e}") from None
     add_decoder_hparams(w, c, vocab_size=True, has=_HAS, arch="exaone4")
     add_key_length(w, c, always=False)
-    if c.sliding_window is not None:
-        w.add_sliding_window(c.sliding_window)
+    if c.attention.window is not None:
+        w.add_sliding_window(c.attention.window)
         w.add_sliding_window_pattern([c.window(i) is not None for i in range(c.n_layers)])
 
 
 FAMILY = Family(
-    name="exaone4", config_class=LlamaConfig, model_class=Llama, presets=PRESETS,
+    name="exaone4", config_class=DecoderConfig, model_class=Decoder, presets=PRESETS,
     hf_model_types=("exaone4",), config_from_hf=config_from_hf, config_to_hf=config_to_hf,
     hf_keymap=lambda c: decoder_hf_keymap(c, "exaone4", POST_NORMS + ATTENTION + MLP + QK_NORM),
     gguf_arch="exaone4", config_from_gguf=config_from_gguf,

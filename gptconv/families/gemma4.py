@@ -13,7 +13,8 @@ from ..convert.gemma4 import (GEMMA4_HF_STEPS, describe_gemma4, gemma4_config_fr
                               gemma4_config_to_hf, gemma4_gguf_keymap, gemma4_gguf_metadata, gemma4_gguf_tensors,
                               gemma4_hf_keymap)
 from ..layers.gemma import FULL, SLIDING
-from ..layers.gemma4 import Gemma4, Gemma4Config
+from ..layers.gemma4 import Gemma4, Gemma4Config, PLEShape
+from ..layers.mlp import Experts
 from .base import Family, Preset, Wrapper
 
 PRESETS: dict[str, Preset] = {
@@ -24,7 +25,7 @@ PRESETS: dict[str, Preset] = {
         vocab_size=262144, context_length=131072, d_model=1536, n_layers=35, n_heads=8, n_kv_heads=1, d_ff=6144,
         head_dim=256, global_head_dim=512, sliding_window=512,
         layer_types=tuple(FULL if (i + 1) % 5 == 0 else SLIDING for i in range(35)), kv_shared_layers=20,
-        double_wide_mlp=True, ple_dim=256, final_logit_softcapping=30.0, bos_token_id=2, eos_token_id=1),
+        double_wide_mlp=True, ple=PLEShape(256), final_logit_softcapping=30.0, bos_token_id=2, eos_token_id=1),
         "google/gemma-4-E2B-it"),
     # the sizes of its config.json as public projects quote it (NeMo Megatron-Bridge's Gemma 4 E4B recipe, and
     # others): 42 layers 5 local : 1 global, 8 / 2 heads of 256 / 512, 18 KV-shared layers, MLPs not widened
@@ -32,7 +33,7 @@ PRESETS: dict[str, Preset] = {
         vocab_size=262144, context_length=131072, d_model=2560, n_layers=42, n_heads=8, n_kv_heads=2, d_ff=10240,
         head_dim=256, global_head_dim=512, sliding_window=512,
         layer_types=tuple(FULL if (i + 1) % 6 == 0 else SLIDING for i in range(42)), kv_shared_layers=18,
-        ple_dim=256, final_logit_softcapping=30.0, bos_token_id=2, eos_token_id=1),
+        ple=PLEShape(256), final_logit_softcapping=30.0, bos_token_id=2, eos_token_id=1),
         "google/gemma-4-E4B-it"),
     # its config.json as public projects quote it: 60 layers 5 local : 1 global, 32 heads, 16 K/V heads of 256 on
     # the local layers and 4 of 512 on the global ones, whose values are their keys
@@ -47,8 +48,8 @@ PRESETS: dict[str, Preset] = {
     "gemma-4-26b-a4b": Preset(Gemma4Config(
         vocab_size=262144, context_length=262144, d_model=2816, n_layers=30, n_heads=16, n_kv_heads=8, d_ff=2112,
         head_dim=256, global_head_dim=512, global_kv_heads=2, sliding_window=1024,
-        layer_types=tuple(FULL if (i + 1) % 6 == 0 else SLIDING for i in range(30)), k_eq_v=True, n_experts=128,
-        n_experts_used=8, moe_d_ff=704, final_logit_softcapping=30.0, bos_token_id=2, eos_token_id=1),
+        layer_types=tuple(FULL if (i + 1) % 6 == 0 else SLIDING for i in range(30)), k_eq_v=True,
+        experts=Experts(128, 8, 704), final_logit_softcapping=30.0, bos_token_id=2, eos_token_id=1),
         "google/gemma-4-26B-A4B-it"),
 }
 

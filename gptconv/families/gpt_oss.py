@@ -1,4 +1,4 @@
-"""gpt-oss (HF gpt_oss; GGUF gpt-oss): the Llama decoder with biases on q, k, v and the output, a learned
+"""gpt-oss (HF gpt_oss; GGUF gpt-oss): the decoder with biases on q, k, v and the output, a learned
 sink logit per head in every attention softmax, 128-token windows on every other layer (from the first), YaRN
 (factor 32 over 4,096 positions, its ramp not rounded out), and routed experts on every layer: a router with a
 bias picks the top k by logit and weighs them by the softmax of those k; each expert is a clamped SwiGLU with
@@ -27,13 +27,15 @@ from ..convert.gguf_decoder import (add_decoder_hparams, add_key_length, add_yar
                                     decoder_gguf_keymap, standard_layer)
 from ..convert.gguf_meta import T, block_count, gguf_name
 from ..convert.hf_config import ConfigFields
-from ..convert.hf_decoder import (ATTENTION, DECODER_HF_STEPS, NORMS, decoder_config_from_hf, decoder_config_to_hf,
-                                  decoder_hf_keymap, describe_decoder, windows_of_layer_types)
+from ..convert.hf_decoder import decoder_config_from_hf, decoder_config_to_hf, windows_of_layer_types
+from ..convert.hf_keys import ATTENTION, DECODER_HF_STEPS, NORMS, decoder_hf_keymap
+from ..describe import describe_decoder
 from ..convert.keymap import Fuse, Fused, KeyMap, Map, Stacked
 from ..errors import GptconvError, where
-from ..layers.decoder import FULL, SLIDING, Llama, LlamaConfig
+from ..layers.decoder import FULL, Feature, Decoder, DecoderConfig, SLIDING
 from ..layers.mlp import Experts
-from ..layers.rope import RopeScaling
+from ..layers.rope import RopeScaling, Rotary
+from ..layers.attention import AttentionOptions
 from .base import Family, Preset
 
 if TYPE_CHECKING:
@@ -43,15 +45,16 @@ if TYPE_CHECKING:
 LIMIT, ALPHA = 7.0, 1.702  # the clamped SwiGLU's, as llama.cpp hard-codes them
 
 
-def _gpt_oss(vocab: int, layers: int, experts: int, **sizes: Any) -> LlamaConfig:
-    return LlamaConfig(vocab_size=vocab, context_length=131072, d_model=2880, n_layers=layers, n_heads=64,
-                       n_kv_heads=8, d_ff=2880, head_dim=64, rope_theta=150000.0,
-                       rope_scaling=RopeScaling("yarn", factor=32.0, original_context_length=4096,
+def _gpt_oss(vocab: int, layers: int, experts: int, **sizes: Any) -> DecoderConfig:
+    return DecoderConfig(vocab_size=vocab, context_length=131072, d_model=2880, n_layers=layers, n_heads=64,
+                       n_kv_heads=8, d_ff=2880, head_dim=64,
+                       rope=Rotary(theta=150000.0, scaling=RopeScaling("yarn", factor=32.0, original_context_length=4096,
                                                 attention_factor=0.1 * math.log(32.0) + 1.0,
-                                                truncate=False),
-                       qkv_bias=True, o_bias=True, sliding_window=128, layer_types=_alternating(layers),
-                       experts=Experts(experts, 4, router_bias=True, clamp=LIMIT, alpha=ALPHA), attention_sinks=True,
-                       bos_token_id=199998, eos_token_id=200002, family="gpt_oss", **sizes)
+                                                truncate=False)),
+                       attention=AttentionOptions(qkv_bias=True, o_bias=True, window=128, sinks=True),
+                       layer_types=_alternating(layers),
+                       experts=Experts(experts, 4, router_bias=True, clamp=LIMIT, alpha=ALPHA), bos_token_id=199998,
+                       eos_token_id=200002, family="gpt_oss", **sizes)
 
 
 def _alternating(n: int) -> tuple[str, ...]:
@@ -66,10 +69,10 @@ PRESETS: dict[str, Preset] = {
     "gpt-oss-120b": Preset(_gpt_oss(201088, 36, 128), "openai/gpt-oss-120b"),
 }
 
-_HAS = frozenset({"layer_types", "yarn", "router bias", "clamped SwiGLU experts", "attention sinks"})
+_HAS = frozenset({Feature.LAYER_TYPES, Feature.YARN, Feature.ROUTER_BIAS, Feature.CLAMPED_EXPERTS, Feature.SINKS})
 
 
-def config_from_hf(data: dict[str, Any], origin: object) -> LlamaConfig:
+def config_from_hf(data: dict[str, Any], origin: object) -> DecoderConfig:
     f = ConfigFields(data, origin)
     n = f.int("num_hidden_layers")
     bias = f.bool("attention_bias", True)
@@ -77,18 +80,17 @@ def config_from_hf(data: dict[str, Any], origin: object) -> LlamaConfig:
     named = {k: f.positive(k, None) for k in ("num_experts", "num_local_experts")}
     if None not in named.values() and len(set(named.values())) > 1:
         raise f.error(f"num_experts {named['num_experts']} and num_local_experts {named['num_local_experts']} differ")
-    return decoder_config_from_hf(
-        f, "gpt_oss", {"rms_norm_eps": 1e-5, "rope_theta": 150000.0}, qkv_bias=bias, o_bias=bias,
-        **windows_of_layer_types(ConfigFields({**f.data, "layer_types": types}, origin), types),
-        experts=Experts(named["num_local_experts"] or named["num_experts"] or 128,
+    return decoder_config_from_hf(f, "gpt_oss", {"rms_norm_eps": 1e-5, "rope_theta": 150000.0},
+                                  attention=dict(qkv_bias=bias, o_bias=bias, sinks=True),
+                                  **windows_of_layer_types(ConfigFields({**f.data, "layer_types": types}, origin), types),
+                                  experts=Experts(named["num_local_experts"] or named["num_experts"] or 128,
                         f.positive("num_experts_per_tok", 4), renormalise=True, router_bias=True,
-                        clamp=f.float("swiglu_limit", LIMIT), alpha=f.float("swiglu_alpha", ALPHA)),
-        attention_sinks=True)
+                        clamp=f.float("swiglu_limit", LIMIT), alpha=f.float("swiglu_alpha", ALPHA)))
 
 
-def config_to_hf(c: LlamaConfig) -> dict[str, Any]:
+def config_to_hf(c: DecoderConfig) -> dict[str, Any]:
     _check(c, "HF's gpt_oss")
-    out = decoder_config_to_hf(c, "gpt_oss", "GptOssForCausalLM", biases=(c.qkv_bias, c.o_bias, False),
+    out = decoder_config_to_hf(c, "gpt_oss", "GptOssForCausalLM", biases=(c.attention.qkv_bias, c.attention.o_bias, False),
                                experts=True, has=_HAS)
     out.pop("mlp_bias")
     out.update(num_local_experts=c.experts.count, num_experts_per_tok=c.experts.used, swiglu_limit=c.experts.clamp,
@@ -96,17 +98,17 @@ def config_to_hf(c: LlamaConfig) -> dict[str, Any]:
     return out
 
 
-def _check(c: LlamaConfig, where_to: str, limits: bool = False) -> None:
+def _check(c: DecoderConfig, where_to: str, limits: bool = False) -> None:
     """What gpt-oss's layer always is: the sinks, the router's bias, the clamped experts on every layer, the
     chosen weights summing to 1, q/k/v and output biases alike; ``limits``: llama.cpp's clamp and slope too."""
     e = c.experts
     if e is None:
         raise ValueError(f"{where_to} has no place for a model without routed experts")
     problems = [what for what, bad in (
-        ("attention without sinks", not c.attention_sinks), ("a router without a bias", not e.router_bias),
+        ("attention without sinks", not c.attention.sinks), ("a router without a bias", not e.router_bias),
         ("experts other than the clamped SwiGLU", e.clamp is None),
         ("dense layers among experts", bool(c.moe_layers)), ("unnormalised expert weights", not e.renormalise),
-        ("q/k/v biases without output biases or the reverse", c.qkv_bias != c.o_bias),
+        ("q/k/v biases without output biases or the reverse", c.attention.qkv_bias != c.attention.o_bias),
         ("an expert size other than intermediate_size", bool(e.d_ff) and e.d_ff != c.d_ff),
         (f"a SwiGLU clamp / slope other than {LIMIT:g} / {ALPHA:g}",
          limits and (e.clamp, e.alpha) != (LIMIT, ALPHA))) if bad]
@@ -117,14 +119,14 @@ def _check(c: LlamaConfig, where_to: str, limits: bool = False) -> None:
 def _interleaved() -> Fuse:
     """A layer's (E, d, 2·d_ff) tensor (or its (E, 2·d_ff) bias) of gate and up columns interleaved, as the
     parts [gate 0, up 0, gate 1, up 1, …], each (d_ff, d) (or (d_ff,)), as nn.Linear holds them (views)."""
-    def split(t: torch.Tensor, c: LlamaConfig) -> list[torch.Tensor]:
+    def split(t: torch.Tensor, c: DecoderConfig) -> list[torch.Tensor]:
         return [p.transpose(0, -1) for e in t.unbind(0) for p in (e[..., 0::2], e[..., 1::2])]
 
-    def join(ts: list[torch.Tensor], c: LlamaConfig) -> torch.Tensor:
+    def join(ts: list[torch.Tensor], c: DecoderConfig) -> torch.Tensor:
         return torch.stack([torch.stack((ts[k].transpose(0, -1), ts[k + 1].transpose(0, -1)), -1).flatten(-2)
                             for k in range(0, len(ts), 2)])
 
-    def shapes(s: tuple[int, ...], c: LlamaConfig) -> list[tuple[int, ...]]:
+    def shapes(s: tuple[int, ...], c: DecoderConfig) -> list[tuple[int, ...]]:
         ff = c.experts.d_ff or c.d_ff
         if len(s) not in (2, 3) or s[-1] != 2 * ff:
             return [s]  # cannot be split so: the ledger reports the shape
@@ -139,7 +141,7 @@ _DOWN = Fuse("experts_down_transposed", lambda t, c: [e.t() for e in t.unbind(0)
 _GATE_UP = _interleaved()
 
 
-def hf_keymap(c: LlamaConfig) -> KeyMap:
+def hf_keymap(c: DecoderConfig) -> KeyMap:
     experts = range(c.experts.count)
     gate_up = lambda part: [f"blocks.{{i}}.mlp.experts.{j}.{w}.{part}" for j in experts for w in ("gate", "up")]  # noqa: E731
     rows = [Fused("model.layers.{i}.mlp.experts.gate_up_proj", gate_up("weight"), _GATE_UP),
@@ -153,7 +155,7 @@ def hf_keymap(c: LlamaConfig) -> KeyMap:
     return decoder_hf_keymap(c, "gpt_oss", layer, rows)
 
 
-def gguf_keymap(c: LlamaConfig) -> KeyMap:
+def gguf_keymap(c: DecoderConfig) -> KeyMap:
     """llama.cpp's gpt-oss: q and k in HF's rotate-half order (no permutation), the pre-MLP norm named
     post_attention_norm, each layer's experts stacked per matrix and per bias."""
     experts = [Stacked(gguf_name(src, p), f"blocks.{{i}}.mlp.experts.{{j}}.{dst}.{p}", lambda c: c.experts.count)
@@ -167,7 +169,7 @@ def gguf_keymap(c: LlamaConfig) -> KeyMap:
         *experts], norm2=T.ATTN_POST_NORM)
 
 
-def config_from_gguf(f: GGUFFields, tensors: dict) -> LlamaConfig:
+def config_from_gguf(f: GGUFFields, tensors: dict) -> DecoderConfig:
     """llama.cpp's gpt-oss: a window on the even layers, the clamp and slope it hard-codes, its YaRN (the
     ramp's edges rounded out, as it runs every model's)."""
     n = block_count(f, tensors)
@@ -178,13 +180,13 @@ def config_from_gguf(f: GGUFFields, tensors: dict) -> LlamaConfig:
     if not experts:
         raise where(f.path, "gpt-oss without expert_count")
     d_ff = f.get(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, int)
-    return decoder_config_from_gguf(f, tensors, "gpt_oss", d_ff=d_ff, sliding_window=window,
-                                    layer_types=_alternating(n), attention_sinks=True,
+    return decoder_config_from_gguf(f, tensors, "gpt_oss", d_ff=d_ff, window=window, layer_types=_alternating(n),
+                                    attention=dict(sinks=True),
                                     experts=Experts(experts, f.get(Keys.LLM.EXPERT_USED_COUNT, int), renormalise=True,
                                                     router_bias=True, clamp=LIMIT, alpha=ALPHA))
 
 
-def gguf_metadata(w: GGUFWriter, c: LlamaConfig) -> None:
+def gguf_metadata(w: GGUFWriter, c: DecoderConfig) -> None:
     """llama.cpp's converter: the generic keys, the key length, YaRN, the window and the experts' size."""
     try:
         _check(c, "llama.cpp's gpt-oss", limits=True)
@@ -195,12 +197,12 @@ def gguf_metadata(w: GGUFWriter, c: LlamaConfig) -> None:
     add_decoder_hparams(w, c, has=_HAS, arch="gpt-oss")
     add_key_length(w, c, always=True)
     add_yarn_scaling(w, c, rounds_ramp=True, attn_factor=False)
-    w.add_sliding_window(c.sliding_window)
+    w.add_sliding_window(c.attention.window)
     w.add_expert_feed_forward_length(c.experts.d_ff or c.d_ff)
 
 
 FAMILY = Family(
-    name="gpt_oss", config_class=LlamaConfig, model_class=Llama, presets=PRESETS,
+    name="gpt_oss", config_class=DecoderConfig, model_class=Decoder, presets=PRESETS,
     hf_model_types=("gpt_oss",), config_from_hf=config_from_hf, config_to_hf=config_to_hf, hf_keymap=hf_keymap,
     gguf_arch="gpt-oss", config_from_gguf=config_from_gguf, gguf_keymap=gguf_keymap, gguf_metadata=gguf_metadata,
     hf_steps=DECODER_HF_STEPS, describe=describe_decoder,

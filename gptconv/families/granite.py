@@ -1,4 +1,4 @@
-"""Granite 3.x (HF granite; GGUF granite): the Llama decoder with µP multipliers: the token embedding
+"""Granite 3.x (HF granite; GGUF granite): the decoder with µP multipliers: the token embedding
 × ``embedding_multiplier``, each sublayer's output × ``residual_multiplier`` before the residual add,
 attention scores × ``attention_multiplier`` (in place of head_dim^-½), the logits ÷ ``logits_scaling``.
 transformers' defaults are 1.0 for all four (an attention scale of 1, not head_dim^-½). llama.cpp's
@@ -15,11 +15,14 @@ from gguf import Keys
 from ..convert.gguf_decoder import (add_decoder_hparams, add_linear_scaling, add_window, decoder_config_from_gguf,
                                     decoder_gguf_keymap, refuse_experts, standard_layer)
 from ..convert.hf_config import ConfigFields
-from ..convert.hf_decoder import (ATTENTION, DECODER_HF_STEPS, MLP, NORMS, decoder_config_from_hf, decoder_config_to_hf,
-                                  decoder_hf_keymap, describe_decoder, no_window)
+from ..convert.hf_decoder import decoder_config_from_hf, decoder_config_to_hf, no_window
+from ..convert.hf_keys import ATTENTION, DECODER_HF_STEPS, MLP, NORMS, decoder_hf_keymap
+from ..describe import describe_decoder
 from ..errors import GptconvError, where
-from ..layers.decoder import Llama, LlamaConfig
+from ..layers.decoder import Feature, Decoder, DecoderConfig
 from ..layers.multipliers import Multipliers
+from ..layers.rope import Rotary
+from ..layers.norms import Norms
 from .base import Family, Preset
 
 if TYPE_CHECKING:
@@ -28,14 +31,14 @@ if TYPE_CHECKING:
 
 PRESETS: dict[str, Preset] = {
     # ibm-granite/granite-3.3-2b-base: 40 layers of 2048, 32 heads sharing 8 K/V heads, tied
-    "granite-3.3-2b": Preset(LlamaConfig(vocab_size=49159, context_length=131072, d_model=2048, n_layers=40,
-                                         n_heads=32, n_kv_heads=8, d_ff=8192, norm_eps=1e-5, rope_theta=10000000.0,
-                                         tie_embeddings=True, multipliers=Multipliers(12.0, 0.22, 0.015625, 8.0),
-                                         bos_token_id=0,
+    "granite-3.3-2b": Preset(DecoderConfig(vocab_size=49159, context_length=131072, d_model=2048, n_layers=40,
+                                         n_heads=32, n_kv_heads=8, d_ff=8192, norms=Norms(eps=1e-5),
+                                         rope=Rotary(theta=10000000.0), tie_embeddings=True,
+                                         multipliers=Multipliers(12.0, 0.22, 0.015625, 8.0), bos_token_id=0,
                                          eos_token_id=0, family="granite"), "ibm-granite/granite-3.3-2b-base"),
 }
 
-_HAS = frozenset({"µP multipliers"})
+_HAS = frozenset({Feature.MUP})
 # the multipliers: ours (``Multipliers``' fields), HF's name, llama.cpp's key (each optional in llama.cpp but the
 # logit scale)
 _MULTIPLIERS = (("embedding", "embedding_multiplier", Keys.LLM.EMBEDDING_SCALE),
@@ -44,16 +47,17 @@ _MULTIPLIERS = (("embedding", "embedding_multiplier", Keys.LLM.EMBEDDING_SCALE),
                 ("logits", "logits_scaling", Keys.LLM.LOGIT_SCALE))
 
 
-def config_from_hf(data: dict[str, Any], origin: object) -> LlamaConfig:
+def config_from_hf(data: dict[str, Any], origin: object) -> DecoderConfig:
     f = ConfigFields(data, origin)
     no_window(f)
     bias = f.bool("attention_bias", False)
-    return decoder_config_from_hf(f, "granite", {}, qkv_bias=bias, o_bias=bias, mlp_bias=f.bool("mlp_bias", False),
+    return decoder_config_from_hf(f, "granite", {}, attention=dict(qkv_bias=bias, o_bias=bias),
+                                  mlp_bias=f.bool("mlp_bias", False),
                                   multipliers=Multipliers(**{ours: f.float(hf, 1.0) for ours, hf, _ in _MULTIPLIERS}))
 
 
-def config_to_hf(c: LlamaConfig) -> dict[str, Any]:
-    out = decoder_config_to_hf(c, "granite", "GraniteForCausalLM", biases=(c.qkv_bias, c.qkv_bias, c.mlp_bias),
+def config_to_hf(c: DecoderConfig) -> dict[str, Any]:
+    out = decoder_config_to_hf(c, "granite", "GraniteForCausalLM", biases=(c.attention.qkv_bias, c.attention.qkv_bias, c.mlp_bias),
                                window=False, has=_HAS)
     out.update({hf: getattr(c.multipliers, ours) for ours, hf, _ in _MULTIPLIERS})
     if c.multipliers.attention is None:  # HF's granite has no "head_dim^-½": its default is 1
@@ -61,7 +65,7 @@ def config_to_hf(c: LlamaConfig) -> dict[str, Any]:
     return out
 
 
-def config_from_gguf(f: GGUFFields, tensors: dict) -> LlamaConfig:
+def config_from_gguf(f: GGUFFields, tensors: dict) -> DecoderConfig:
     """As llama.cpp runs a granite file: a scale absent (or 0) is not applied (the attention's is then
     head_dim^-½); the logit scale is required."""
     refuse_experts(f)
@@ -73,7 +77,7 @@ def config_from_gguf(f: GGUFFields, tensors: dict) -> LlamaConfig:
         attention=attention, **{k: v or 1.0 for k, v in scales.items()}))
 
 
-def gguf_metadata(w: GGUFWriter, c: LlamaConfig) -> None:
+def gguf_metadata(w: GGUFWriter, c: DecoderConfig) -> None:
     """llama.cpp's converter (its llama's keys, no key length, then the four scales)."""
     if c.head_dim != c.d_model // c.n_heads:
         raise GptconvError("llama.cpp's granite has no head_dim other than d / heads; not exported")
@@ -89,7 +93,7 @@ def gguf_metadata(w: GGUFWriter, c: LlamaConfig) -> None:
 
 
 FAMILY = Family(
-    name="granite", config_class=LlamaConfig, model_class=Llama, presets=PRESETS,
+    name="granite", config_class=DecoderConfig, model_class=Decoder, presets=PRESETS,
     hf_model_types=("granite",), config_from_hf=config_from_hf, config_to_hf=config_to_hf,
     hf_keymap=lambda c: decoder_hf_keymap(c, "granite", NORMS + ATTENTION + MLP),
     gguf_arch="granite", config_from_gguf=config_from_gguf,

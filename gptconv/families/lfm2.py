@@ -21,13 +21,17 @@ from ..convert.gguf_decoder import (QK_NORM as GGUF_QK_NORM, add_decoder_hparams
                                     decoder_config_from_gguf, decoder_gguf_keymap, refuse_experts, standard_layer)
 from ..convert.gguf_meta import T, block_count, gguf_name
 from ..convert.hf_config import ConfigFields
-from ..convert.hf_decoder import (DECODER_HF_STEPS, decoder_config_from_hf, decoder_config_to_hf, decoder_hf_keymap,
-                                  describe_decoder)
+from ..convert.hf_decoder import decoder_config_from_hf, decoder_config_to_hf
+from ..convert.hf_keys import DECODER_HF_STEPS, decoder_hf_keymap
+from ..describe import describe_decoder
 from ..convert.hf_hybrid import CONV as CONV_WEIGHT
 from ..convert.keymap import Map
 from ..errors import GptconvError, where
-from ..layers.decoder import CONV, FULL, Llama, LlamaConfig
+from ..layers.decoder import CONV, FULL, Feature, Decoder, DecoderConfig
 from ..layers.short_conv import ShortConvShape
+from ..layers.rope import Rotary
+from ..layers.norms import Norms
+from ..layers.attention import AttentionOptions
 from .base import Family, Preset
 
 if TYPE_CHECKING:
@@ -40,14 +44,14 @@ if TYPE_CHECKING:
 # RoPE base (1e6) and eos id (7) are from memory too.
 _ATTENTION_350M = (2, 5, 8, 10, 12, 14)
 PRESETS: dict[str, Preset] = {
-    "lfm2-350m": Preset(LlamaConfig(
-        vocab_size=65536, context_length=128000, d_model=1024, n_layers=16, n_heads=16, n_kv_heads=8, d_ff=4608,
-        norm_eps=1e-5, rope_theta=1000000.0, tie_embeddings=True, qk_norm=True,
-        layer_types=tuple(FULL if i in _ATTENTION_350M else CONV for i in range(16)), short_conv=ShortConvShape(3),
-        bos_token_id=1, eos_token_id=7, family="lfm2"), "LiquidAI/LFM2-350M"),
+    "lfm2-350m": Preset(DecoderConfig(vocab_size=65536, context_length=128000, d_model=1024, n_layers=16, n_heads=16,
+                                    n_kv_heads=8, d_ff=4608, norms=Norms(eps=1e-5), rope=Rotary(theta=1000000.0),
+                                    tie_embeddings=True, attention=AttentionOptions(qk_norm=True),
+                                    layer_types=tuple(FULL if i in _ATTENTION_350M else CONV for i in range(16)),
+                                    short_conv=ShortConvShape(3), bos_token_id=1, eos_token_id=7, family="lfm2"), "LiquidAI/LFM2-350M"),
 }
 
-_HAS = frozenset({"layer_types", "short convolution"})
+_HAS = frozenset({Feature.LAYER_TYPES, Feature.SHORT_CONV})
 
 
 def ffn_size(f: ConfigFields) -> int:
@@ -62,7 +66,7 @@ def ffn_size(f: ConfigFields) -> int:
     return size
 
 
-def config_from_hf(data: dict[str, Any], origin: object) -> LlamaConfig:
+def config_from_hf(data: dict[str, Any], origin: object) -> DecoderConfig:
     f = ConfigFields(data, origin)
     n = f.int("num_hidden_layers")
     types = f.data.get("layer_types")
@@ -80,11 +84,11 @@ def config_from_hf(data: dict[str, Any], origin: object) -> LlamaConfig:
         conv = ShortConvShape(kernel=f.positive("conv_L_cache", 3), bias=f.bool("conv_bias", False))
     except ValueError as e:
         raise f.error(str(e)) from None
-    return decoder_config_from_hf(renamed, "lfm2", {"rope_theta": 1000000.0}, qk_norm=True,
+    return decoder_config_from_hf(renamed, "lfm2", {"rope_theta": 1000000.0}, attention=dict(qk_norm=True),
                                   layer_types=tuple(types), short_conv=conv if CONV in types else None)
 
 
-def config_to_hf(c: LlamaConfig) -> dict[str, Any]:
+def config_to_hf(c: DecoderConfig) -> dict[str, Any]:
     out = decoder_config_to_hf(c, "lfm2", "Lfm2ForCausalLM", window=False, qk_norm=True, has=_HAS)
     out["norm_eps"] = out.pop("rms_norm_eps")
     conv = c.short_conv or ShortConvShape()
@@ -105,11 +109,11 @@ _HF_LAYER = [
 _HF_CONV = Map("model.layers.{i}.conv.conv.weight", "blocks.{i}.attn.conv.weight", CONV_WEIGHT)
 
 
-def hf_keymap(c: LlamaConfig):
+def hf_keymap(c: DecoderConfig):
     return decoder_hf_keymap(c, "lfm2", _HF_LAYER, [_HF_CONV], final_norm="model.embedding_norm.weight")
 
 
-def config_from_gguf(f: GGUFFields, tensors: dict) -> LlamaConfig:
+def config_from_gguf(f: GGUFFields, tensors: dict) -> DecoderConfig:
     """llama.cpp's lfm2: a layer with 0 K/V heads is a conv layer; the others share one K/V head count."""
     refuse_experts(f)
     if f.get(Keys.Attention.SLIDING_WINDOW, int, 0):
@@ -120,11 +124,11 @@ def config_from_gguf(f: GGUFFields, tensors: dict) -> LlamaConfig:
         raise where(f.path, f"lfm2: head_count_kv must give each layer one K/V head count or 0 (a conv layer): {kv}")
     types = tuple(FULL if k else CONV for k in kv)
     conv = ShortConvShape(kernel=f.get(Keys.ShortConv.L_CACHE, int)) if CONV in types else None
-    return decoder_config_from_gguf(f, tensors, "lfm2", n_kv_heads=heads.pop() if heads else 1, qk_norm=True,
-                                    layer_types=types, short_conv=conv)
+    return decoder_config_from_gguf(f, tensors, "lfm2", n_kv_heads=heads.pop() if heads else 1,
+                                    attention=dict(qk_norm=True), layer_types=types, short_conv=conv)
 
 
-def gguf_metadata(w: GGUFWriter, c: LlamaConfig) -> None:
+def gguf_metadata(w: GGUFWriter, c: DecoderConfig) -> None:
     """llama.cpp's converter: the generic keys (K/V heads per layer, 0 on conv layers), the vocabulary size
     and the conv's kernel; the key length only where head_dim is not d / heads."""
     if c.short_conv is not None and c.short_conv.bias:
@@ -141,7 +145,7 @@ _GGUF_CONV = [Map(gguf_name(src), f"blocks.{{i}}.attn.{ours}.weight") for src, o
 
 
 FAMILY = Family(
-    name="lfm2", config_class=LlamaConfig, model_class=Llama, presets=PRESETS,
+    name="lfm2", config_class=DecoderConfig, model_class=Decoder, presets=PRESETS,
     hf_model_types=("lfm2",), config_from_hf=config_from_hf, config_to_hf=config_to_hf, hf_keymap=hf_keymap,
     gguf_arch="lfm2", config_from_gguf=config_from_gguf,
     gguf_keymap=lambda c: decoder_gguf_keymap(c, "lfm2", standard_layer(permuted=False) + GGUF_QK_NORM + _GGUF_CONV,

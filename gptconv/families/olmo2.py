@@ -1,4 +1,4 @@
-"""OLMo 2 and OLMo 3 (HF olmo2, olmo3; GGUF olmo2): the Llama decoder with its norms after the sublayers,
+"""OLMo 2 and OLMo 3 (HF olmo2, olmo3; GGUF olmo2): the decoder with its norms after the sublayers,
 not before (x + norm(attn(x)), then x + norm(mlp(x))), and q and k each RMS-normed over the whole
 projection (all heads together) before RoPE. OLMo 3 adds sliding windows on three layers of four
 (``layer_types``), and its full layers may stretch RoPE with YaRN while its sliding layers do not. llama.cpp's olmo2 rotates halves as HF does: no Q/K permutation.
@@ -14,11 +14,13 @@ from ..convert.gguf_decoder import (QK_NORM as GGUF_QK_NORM, add_decoder_hparams
                                     add_yarn_scaling, decoder_config_from_gguf, decoder_gguf_keymap, refuse_experts,
                                     standard_layer)
 from ..convert.hf_config import ConfigFields
-from ..convert.hf_decoder import (ATTENTION, DECODER_HF_STEPS, MLP, POST_NORM_STEPS, POST_NORMS, QK_NORM,
-                                  QK_NORM_STEPS, decoder_config_from_hf, decoder_config_to_hf, decoder_hf_keymap,
-                                  describe_decoder, layer_types, no_window, windows_of_layer_types)
+from ..convert.hf_decoder import (decoder_config_from_hf, decoder_config_to_hf, layer_types, no_window,
+                                  windows_of_layer_types)
+from ..convert.hf_keys import (ATTENTION, DECODER_HF_STEPS, MLP, POST_NORMS, POST_NORM_STEPS, QK_NORM, QK_NORM_STEPS,
+                               decoder_hf_keymap)
+from ..describe import describe_decoder
 from ..errors import where
-from ..layers.decoder import FULL, SLIDING, Llama, LlamaConfig
+from ..layers.decoder import FULL, Feature, Decoder, DecoderConfig, SLIDING
 from .base import Family, Preset
 from ..convert.gguf_meta import block_count
 
@@ -26,17 +28,19 @@ if TYPE_CHECKING:
     from gguf import GGUFWriter
     from ..sources.gguf_file import GGUFFields
 
-_OLMO = dict(qk_norm=True, qk_norm_over="all", norms="post", family="olmo2")
+_ATTENTION, _NORMS = dict(qk_norm=True, qk_norm_over="all"), dict(place="post")  # q/k norms over the projection;
+# norms after each sublayer
 
 PRESETS: dict[str, Preset] = {
     # allenai/OLMo-2-0425-1B: 16 layers of 2048, 16 heads, untied, RoPE base 500k
-    "olmo-2-1b": Preset(LlamaConfig(vocab_size=100352, context_length=4096, d_model=2048, n_layers=16, n_heads=16,
-                                    n_kv_heads=16, d_ff=8192, norm_eps=1e-6, rope_theta=500000.0,
-                                    bos_token_id=100257, eos_token_id=100257, **_OLMO), "allenai/OLMo-2-0425-1B"),
+    "olmo-2-1b": Preset(DecoderConfig.build(vocab_size=100352, context_length=4096, d_model=2048, n_layers=16,
+                                          n_heads=16, n_kv_heads=16, d_ff=8192, norms=dict(eps=1e-6, **_NORMS),
+                                          rope=dict(theta=500000.0), attention=_ATTENTION, bos_token_id=100257,
+                                          eos_token_id=100257, family="olmo2"), "allenai/OLMo-2-0425-1B"),
 }
 
-_HAS = frozenset({"post norms", "q/k norm over the projection", "layer_types", "yarn",
-                  "RoPE of its own on sliding layers"})
+_HAS = frozenset({Feature.POST_NORMS, Feature.QK_NORM_OVER_ALL, Feature.LAYER_TYPES, Feature.YARN,
+                  Feature.LOCAL_ROPE})
 
 
 def default_olmo3_layer_types(n: int) -> list[str]:
@@ -44,7 +48,7 @@ def default_olmo3_layer_types(n: int) -> list[str]:
     return [FULL if (i + 1) % 4 == 0 else SLIDING for i in range(n)]
 
 
-def config_from_hf(data: dict[str, Any], origin: object) -> LlamaConfig:
+def config_from_hf(data: dict[str, Any], origin: object) -> DecoderConfig:
     f = ConfigFields(data, origin)
     bias = f.bool("attention_bias", False)
     if f.str("model_type", "olmo2") == "olmo3":
@@ -52,28 +56,28 @@ def config_from_hf(data: dict[str, Any], origin: object) -> LlamaConfig:
     else:
         no_window(f)
         windows = {}
-    return decoder_config_from_hf(f, "olmo2", {"rms_norm_eps": 1e-5}, qkv_bias=bias, o_bias=bias, **windows,
-                                  **{k: v for k, v in _OLMO.items() if k != "family"})
+    return decoder_config_from_hf(f, "olmo2", {"rms_norm_eps": 1e-5}, attention=dict(qkv_bias=bias, o_bias=bias, **_ATTENTION),
+                                  norms=_NORMS, **windows)
 
 
-def config_to_hf(c: LlamaConfig) -> dict[str, Any]:
+def config_to_hf(c: DecoderConfig) -> dict[str, Any]:
     """olmo2, or olmo3 where some layer slides (every layer's kind written: OLMo 3's default differs)."""
-    windowed = c.sliding_window is not None
+    windowed = c.attention.window is not None
     out = decoder_config_to_hf(c, "olmo3" if windowed else "olmo2", "Olmo3ForCausalLM" if windowed
-                               else "Olmo2ForCausalLM", biases=(c.qkv_bias, c.qkv_bias, False), qk_norm=True, has=_HAS)
-    if c.qkv_bias != c.o_bias:
+                               else "Olmo2ForCausalLM", biases=(c.attention.qkv_bias, c.attention.qkv_bias, False), qk_norm=True, has=_HAS)
+    if c.attention.qkv_bias != c.attention.o_bias:
         raise ValueError("HF's olmo2 has biases on all of q, k, v and the output, or none")
     if windowed:  # OLMo 3 keys RoPE by layer type (its sliding layers without the full layers' YaRN)
         out["layer_types"] = [SLIDING if c.window(i) else FULL for i in range(c.n_layers)]
-        local = c.rope_local_theta if c.rope_local_theta is not None else c.rope_theta
-        sliding = out["rope_parameters"] if c.rope_local_theta is None else {"rope_type": "default", "rope_theta": local}
+        local = c.rope.local_theta if c.rope.local_theta is not None else c.rope.theta
+        sliding = out["rope_parameters"] if c.rope.local_theta is None else {"rope_type": "default", "rope_theta": local}
         out["rope_parameters"] = {FULL: out["rope_parameters"], SLIDING: sliding}
-    elif c.rope_local_theta is not None:
+    elif c.rope.local_theta is not None:
         raise ValueError("HF's olmo2 has no RoPE of its own on sliding layers")
     return out
 
 
-def config_from_gguf(f: GGUFFields, tensors: dict) -> LlamaConfig:
+def config_from_gguf(f: GGUFFields, tensors: dict) -> DecoderConfig:
     refuse_experts(f)
     window = f.get(Keys.Attention.SLIDING_WINDOW, int, 0) or None
     pattern = f.get(Keys.Attention.SLIDING_WINDOW_PATTERN, list, None)
@@ -87,24 +91,24 @@ def config_from_gguf(f: GGUFFields, tensors: dict) -> LlamaConfig:
     base = f.get(Keys.Rope.FREQ_BASE, float, 10000.0)
     local = f.get(Keys.Rope.FREQ_BASE_SWA, float, base) if window is not None else base
     scaled = f.get(Keys.Rope.SCALING_TYPE, str, "none") not in ("none", "")
-    return decoder_config_from_gguf(f, tensors, "olmo2", sliding_window=window, layer_types=types,
-                                    rope_local_theta=local if (local != base or scaled) and window else None,
-                                    **{k: v for k, v in _OLMO.items() if k != "family"})
+    return decoder_config_from_gguf(f, tensors, "olmo2", window=window, layer_types=types,
+                                    rope=dict(local_theta=local if (local != base or scaled) and window else None),
+                                    attention=_ATTENTION, norms=_NORMS)
 
 
-def gguf_metadata(w: GGUFWriter, c: LlamaConfig) -> None:
+def gguf_metadata(w: GGUFWriter, c: DecoderConfig) -> None:
     """llama.cpp's converter: the generic keys, and for OLMo 3 the window and which layers slide."""
     add_decoder_hparams(w, c, has=_HAS, arch="olmo2")
     add_key_length(w, c, always=False)
     add_yarn_scaling(w, c)
-    if c.sliding_window is not None:  # OLMo 3's config keys RoPE by layer type: the sliding layers' base too
-        w.add_rope_freq_base_swa(c.rope_theta if c.rope_local_theta is None else c.rope_local_theta)
-        w.add_sliding_window(c.sliding_window)
+    if c.attention.window is not None:  # OLMo 3's config keys RoPE by layer type: the sliding layers' base too
+        w.add_rope_freq_base_swa(c.rope.theta if c.rope.local_theta is None else c.rope.local_theta)
+        w.add_sliding_window(c.attention.window)
         w.add_sliding_window_pattern([c.window(i) is not None for i in range(c.n_layers)])
 
 
 FAMILY = Family(
-    name="olmo2", config_class=LlamaConfig, model_class=Llama, presets=PRESETS,
+    name="olmo2", config_class=DecoderConfig, model_class=Decoder, presets=PRESETS,
     hf_model_types=("olmo2", "olmo3"), config_from_hf=config_from_hf, config_to_hf=config_to_hf,
     hf_keymap=lambda c: decoder_hf_keymap(c, "olmo2", POST_NORMS + ATTENTION + MLP + QK_NORM),
     gguf_arch="olmo2", config_from_gguf=config_from_gguf,

@@ -1,4 +1,4 @@
-"""Phi-3 (HF phi3; GGUF phi3): the Llama decoder with q, k, v stored as one ``qkv_proj`` and gate, up as
+"""Phi-3 (HF phi3; GGUF phi3): the decoder with q, k, v stored as one ``qkv_proj`` and gate, up as
 one ``gate_up_proj`` (rows one after the other), in both formats; Phi-3-mini windows every layer (2047).
 Phi-4-mini rotates the first 3/4 of each head (partial rotary) and stretches RoPE with longrope: short
 factors while a forward reaches no further than the original context, long ones once it does (transformers'
@@ -15,11 +15,14 @@ from ..convert.gguf_decoder import (add_decoder_hparams, add_linear_scaling, dec
                                     decoder_gguf_keymap, refuse_experts, window_of)
 from ..convert.gguf_meta import T, gguf_name
 from ..convert.hf_config import ConfigFields
-from ..convert.hf_decoder import (DECODER_HF_STEPS, NORMS, decoder_config_from_hf, decoder_config_to_hf,
-                                  decoder_hf_keymap, describe_decoder, rope_parameters, window_on_every_layer)
+from ..convert.hf_decoder import decoder_config_from_hf, decoder_config_to_hf, window_on_every_layer
+from ..convert.hf_rope import rope_parameters
+from ..convert.hf_keys import DECODER_HF_STEPS, NORMS, decoder_hf_keymap
+from ..describe import describe_decoder
 from ..convert.keymap import Fused, KeyMap, Map, concat
-from ..layers.decoder import Llama, LlamaConfig
-from ..layers.rope import RopeScaling
+from ..layers.decoder import Feature, Decoder, DecoderConfig
+from ..layers.rope import RopeScaling, Rotary
+from ..layers.attention import AttentionOptions
 from .base import Family, Preset
 
 if TYPE_CHECKING:
@@ -39,24 +42,25 @@ _PHI4_ROPE = RopeScaling("longrope", factor=32.0, original_context_length=4096, 
                          attention_factor=math.sqrt(1 + math.log(32) / math.log(4096)))  # transformers' default
 
 PRESETS: dict[str, Preset] = {
-    "phi-3-mini": Preset(LlamaConfig(vocab_size=32064, context_length=4096, d_model=3072, n_layers=32, n_heads=32,
-                                     n_kv_heads=32, d_ff=8192, rope_theta=10000.0, sliding_window=2047,
-                                     bos_token_id=1, eos_token_id=32000, family="phi3"),
+    "phi-3-mini": Preset(DecoderConfig(vocab_size=32064, context_length=4096, d_model=3072, n_layers=32, n_heads=32,
+                                     n_kv_heads=32, d_ff=8192, rope=Rotary(theta=10000.0),
+                                     attention=AttentionOptions(window=2047), bos_token_id=1, eos_token_id=32000,
+                                     family="phi3"),
                          "microsoft/Phi-3-mini-4k-instruct"),
     # a window of 262144 on every layer, past the context: none in effect
-    "phi-4-mini": Preset(LlamaConfig(vocab_size=200064, context_length=131072, d_model=3072, n_layers=32, n_heads=24,
-                                     n_kv_heads=8, d_ff=8192, rope_theta=10000.0, rope_scaling=_PHI4_ROPE, rope_dim=96,
-                                     tie_embeddings=True, sliding_window=262144, bos_token_id=199999,
-                                     eos_token_id=199999, family="phi3"),
+    "phi-4-mini": Preset(DecoderConfig(vocab_size=200064, context_length=131072, d_model=3072, n_layers=32, n_heads=24,
+                                     n_kv_heads=8, d_ff=8192, rope=Rotary(theta=10000.0, scaling=_PHI4_ROPE, dim=96),
+                                     tie_embeddings=True, attention=AttentionOptions(window=262144),
+                                     bos_token_id=199999, eos_token_id=199999, family="phi3"),
                          "microsoft/Phi-4-mini-instruct"),
 }
 
-_HAS = frozenset({"partial rotary", "longrope"})
+_HAS = frozenset({Feature.PARTIAL_ROTARY, Feature.LONGROPE})
 
 
-def config_from_hf(data: dict[str, Any], origin: object) -> LlamaConfig:
+def config_from_hf(data: dict[str, Any], origin: object) -> DecoderConfig:
     f = ConfigFields(_original_context_on_top(data, origin), origin)
-    return decoder_config_from_hf(f, "phi3", {"rms_norm_eps": 1e-5}, sliding_window=window_on_every_layer(f, None),
+    return decoder_config_from_hf(f, "phi3", {"rms_norm_eps": 1e-5}, window=window_on_every_layer(f, None),
                                   partial_rotary=True)
 
 
@@ -72,10 +76,10 @@ def _original_context_on_top(data: dict[str, Any], origin: object) -> dict[str, 
             "rope_parameters": {**params, "original_max_position_embeddings": top}}
 
 
-def config_to_hf(c: LlamaConfig) -> dict[str, Any]:
+def config_to_hf(c: DecoderConfig) -> dict[str, Any]:
     out = decoder_config_to_hf(c, "phi3", "Phi3ForCausalLM", has=_HAS)
-    if c.rope_scaling is not None and c.rope_scaling.kind == "longrope":  # where transformers' phi3 reads it
-        out["original_max_position_embeddings"] = c.rope_scaling.original_context_length
+    if c.rope.scaling is not None and c.rope.scaling.kind == "longrope":  # where transformers' phi3 reads it
+        out["original_max_position_embeddings"] = c.rope.scaling.original_context_length
     return out
 
 SPLIT_QKV = concat("split_qkv", lambda c: [c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim,
@@ -87,7 +91,7 @@ _FUSED = [Fused("model.layers.{i}.self_attn.qkv_proj.weight", [f"blocks.{{i}}.at
                 SPLIT_GATE_UP)]
 _LAYER = NORMS + [("self_attn.o_proj.weight", "attn.o.weight"), ("mlp.down_proj.weight", "mlp.down.weight")]
 
-def hf_keymap(c: LlamaConfig, module: bool = False) -> KeyMap:
+def hf_keymap(c: DecoderConfig, module: bool = False) -> KeyMap:
     return decoder_hf_keymap(c, "phi3", _LAYER, _FUSED, fused_first=module)
 
 # llama.cpp keeps HF's fusions: attn_qkv, and ffn_up holding gate then up
@@ -96,24 +100,23 @@ _GGUF_LAYER = [Fused(gguf_name(T.ATTN_QKV), [f"blocks.{{i}}.attn.{n}.weight" for
                Map(gguf_name(T.ATTN_OUT), "blocks.{i}.attn.o.weight"),
                Map(gguf_name(T.FFN_DOWN), "blocks.{i}.mlp.down.weight")]
 
-def config_from_gguf(f: GGUFFields, tensors: dict) -> LlamaConfig:
+def config_from_gguf(f: GGUFFields, tensors: dict) -> DecoderConfig:
     refuse_experts(f)
-    return decoder_config_from_gguf(f, tensors, "phi3", fused_qkv=True, sliding_window=window_of(f),
-                                    partial_rotary=True)
+    return decoder_config_from_gguf(f, tensors, "phi3", fused_qkv=True, window=window_of(f), partial_rotary=True)
 
-def gguf_metadata(w: GGUFWriter, c: LlamaConfig) -> None:
+def gguf_metadata(w: GGUFWriter, c: DecoderConfig) -> None:
     """llama.cpp's converter's keys; with longrope its attention factor too (the factors are tensors, written
     with the weights). The converter computes that factor from the context and the original one (as
     transformers does where the config gives none); we write the config's, which llama.cpp runs."""
-    s = c.rope_scaling
+    s = c.rope.scaling
     if s is not None and s.kind == "longrope":
         w.add_rope_scaling_attn_factors(s.attention_factor)
     add_decoder_hparams(w, c, rope_dims=True, original_context=True, has=_HAS, arch="phi3")
-    w.add_sliding_window(c.sliding_window or 0)  # 0: none (Phi-4)
+    w.add_sliding_window(c.attention.window or 0)  # 0: none (Phi-4)
     add_linear_scaling(w, c)
 
 FAMILY = Family(
-    name="phi3", config_class=LlamaConfig, model_class=Llama, presets=PRESETS,
+    name="phi3", config_class=DecoderConfig, model_class=Decoder, presets=PRESETS,
     hf_model_types=("phi3",), config_from_hf=config_from_hf, config_to_hf=config_to_hf,
     hf_keymap=hf_keymap, hf_module_keymap=lambda c: hf_keymap(c, module=True),
     gguf_arch="phi3", config_from_gguf=config_from_gguf,

@@ -1,4 +1,4 @@
-"""Qwen2 / Qwen2.5 (HF qwen2; GGUF qwen2): the Llama decoder with biases on q, k and v (none on the
+"""Qwen2 / Qwen2.5 (HF qwen2; GGUF qwen2): the decoder with biases on q, k and v (none on the
 output or the MLP). Sliding windows only with ``use_sliding_window``, on the layers ``layer_types`` says
 (else from ``max_window_layers`` on); llama.cpp's qwen2 has none, so such a model is not exported to GGUF.
 llama.cpp's qwen2 rotates halves as HF does: no Q/K permutation.
@@ -12,10 +12,13 @@ from ..convert.gguf_decoder import (add_decoder_hparams, add_key_length, add_lin
                                     decoder_config_from_gguf, decoder_gguf_keymap, refuse_experts, standard_layer,
                                     window_of)
 from ..convert.hf_config import ConfigFields
-from ..convert.hf_decoder import (ATTENTION, DECODER_HF_STEPS, MLP, NORMS, decoder_config_from_hf, decoder_config_to_hf,
-                                  decoder_hf_keymap, describe_decoder, window_where_enabled,
-                                  windows_to_hf)
-from ..layers.decoder import Llama, LlamaConfig
+from ..convert.hf_decoder import decoder_config_from_hf, decoder_config_to_hf, window_where_enabled, windows_to_hf
+from ..convert.hf_keys import ATTENTION, DECODER_HF_STEPS, MLP, NORMS, decoder_hf_keymap
+from ..describe import describe_decoder
+from ..layers.decoder import Feature, Decoder, DecoderConfig
+from ..layers.rope import Rotary
+from ..layers.norms import Norms
+from ..layers.attention import AttentionOptions
 from .base import Family, Preset
 
 if TYPE_CHECKING:
@@ -23,30 +26,30 @@ if TYPE_CHECKING:
     from ..sources.gguf_file import GGUFFields
 
 PRESETS: dict[str, Preset] = {
-    "qwen2.5-0.5b": Preset(LlamaConfig(vocab_size=151936, context_length=32768, d_model=896, n_layers=24, n_heads=14,
-                                       n_kv_heads=2, d_ff=4864, rope_theta=1000000.0, tie_embeddings=True,
-                                       qkv_bias=True, norm_eps=1e-6, bos_token_id=151643, eos_token_id=151643,
-                                       family="qwen2"), "Qwen/Qwen2.5-0.5B"),
+    "qwen2.5-0.5b": Preset(DecoderConfig(vocab_size=151936, context_length=32768, d_model=896, n_layers=24, n_heads=14,
+                                       n_kv_heads=2, d_ff=4864, rope=Rotary(theta=1000000.0), tie_embeddings=True,
+                                       attention=AttentionOptions(qkv_bias=True), norms=Norms(eps=1e-6),
+                                       bos_token_id=151643, eos_token_id=151643, family="qwen2"), "Qwen/Qwen2.5-0.5B"),
 }
 
 
-def config_from_hf(data: dict[str, Any], origin: object) -> LlamaConfig:
+def config_from_hf(data: dict[str, Any], origin: object) -> DecoderConfig:
     f = ConfigFields(data, origin)
-    return decoder_config_from_hf(f, "qwen2", {}, qkv_bias=True, o_bias=False,
+    return decoder_config_from_hf(f, "qwen2", {}, attention=dict(qkv_bias=True, o_bias=False),
                                   **window_where_enabled(f, max_window_layers=28))
 
 
-def config_to_hf(c: LlamaConfig) -> dict[str, Any]:
-    return {**decoder_config_to_hf(c, "qwen2", "Qwen2ForCausalLM", biases=(True, False, False), has={"layer_types"}),
+def config_to_hf(c: DecoderConfig) -> dict[str, Any]:
+    return {**decoder_config_to_hf(c, "qwen2", "Qwen2ForCausalLM", biases=(True, False, False), has={Feature.LAYER_TYPES}),
             **windows_to_hf(c)}
 
 
-def config_from_gguf(f: GGUFFields, tensors: dict) -> LlamaConfig:
+def config_from_gguf(f: GGUFFields, tensors: dict) -> DecoderConfig:
     refuse_experts(f)
-    return decoder_config_from_gguf(f, tensors, "qwen2", sliding_window=window_of(f))
+    return decoder_config_from_gguf(f, tensors, "qwen2", window=window_of(f))
 
 
-def gguf_metadata(w: GGUFWriter, c: LlamaConfig) -> None:
+def gguf_metadata(w: GGUFWriter, c: DecoderConfig) -> None:
     add_decoder_hparams(w, c)
     add_window(w, c, "qwen2", kept=False)
     add_key_length(w, c, always=False)
@@ -54,7 +57,7 @@ def gguf_metadata(w: GGUFWriter, c: LlamaConfig) -> None:
 
 
 FAMILY = Family(
-    name="qwen2", config_class=LlamaConfig, model_class=Llama, presets=PRESETS,
+    name="qwen2", config_class=DecoderConfig, model_class=Decoder, presets=PRESETS,
     hf_model_types=("qwen2",), config_from_hf=config_from_hf, config_to_hf=config_to_hf,
     hf_keymap=lambda c: decoder_hf_keymap(c, "qwen2", NORMS + ATTENTION + MLP),
     gguf_arch="qwen2", config_from_gguf=config_from_gguf,

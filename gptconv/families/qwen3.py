@@ -1,4 +1,4 @@
-"""Qwen3 dense (HF qwen3; GGUF qwen3): the Llama decoder with an RMSNorm on each head of q and k
+"""Qwen3 dense (HF qwen3; GGUF qwen3): the decoder with an RMSNorm on each head of q and k
 before RoPE, optional q/k/v/output biases (``attention_bias``), 8 K/V heads of 128 in the released
 sizes. llama.cpp's qwen3 rotates halves as HF does: no Q/K permutation.
 """
@@ -11,10 +11,13 @@ from ..convert.gguf_decoder import (QK_NORM as GGUF_QK_NORM, add_decoder_hparams
                                     add_window, decoder_config_from_gguf, decoder_gguf_keymap, refuse_experts,
                                     standard_layer, window_of)
 from ..convert.hf_config import ConfigFields
-from ..convert.hf_decoder import (ATTENTION, DECODER_HF_STEPS, MLP, NORMS, QK_NORM, decoder_config_from_hf,
-                                  decoder_config_to_hf, decoder_hf_keymap, describe_decoder, window_where_enabled,
-                                  windows_to_hf)
-from ..layers.decoder import Llama, LlamaConfig
+from ..convert.hf_decoder import decoder_config_from_hf, decoder_config_to_hf, window_where_enabled, windows_to_hf
+from ..convert.hf_keys import ATTENTION, DECODER_HF_STEPS, MLP, NORMS, QK_NORM, decoder_hf_keymap
+from ..describe import describe_decoder
+from ..layers.decoder import Feature, Decoder, DecoderConfig
+from ..layers.rope import Rotary
+from ..layers.norms import Norms
+from ..layers.attention import AttentionOptions
 from .base import Family, Preset, Wrapper
 
 if TYPE_CHECKING:
@@ -22,11 +25,12 @@ if TYPE_CHECKING:
     from ..sources.gguf_file import GGUFFields
 
 
-def _dense(d_model: int, n_layers: int, n_heads: int, d_ff: int, tie: bool) -> LlamaConfig:
+def _dense(d_model: int, n_layers: int, n_heads: int, d_ff: int, tie: bool) -> DecoderConfig:
     """The dense models share all but their sizes: 8 K/V heads of 128, QK-norm, no biases."""
-    return LlamaConfig(vocab_size=151936, context_length=40960, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
-                       n_kv_heads=8, d_ff=d_ff, head_dim=128, norm_eps=1e-6, rope_theta=1000000.0,
-                       tie_embeddings=tie, qk_norm=True, bos_token_id=151643, eos_token_id=151645, family="qwen3")
+    return DecoderConfig(vocab_size=151936, context_length=40960, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
+                       n_kv_heads=8, d_ff=d_ff, head_dim=128, norms=Norms(eps=1e-6), rope=Rotary(theta=1000000.0),
+                       tie_embeddings=tie, attention=AttentionOptions(qk_norm=True), bos_token_id=151643,
+                       eos_token_id=151645, family="qwen3")
 
 
 PRESETS: dict[str, Preset] = {
@@ -37,25 +41,25 @@ PRESETS: dict[str, Preset] = {
 }
 
 
-def config_from_hf(data: dict[str, Any], origin: object) -> LlamaConfig:
+def config_from_hf(data: dict[str, Any], origin: object) -> DecoderConfig:
     f = ConfigFields(data, origin)
     bias = f.bool("attention_bias", False)
-    return decoder_config_from_hf(f, "qwen3", {}, qkv_bias=bias, o_bias=bias, qk_norm=True,
+    return decoder_config_from_hf(f, "qwen3", {}, attention=dict(qkv_bias=bias, o_bias=bias, qk_norm=True),
                                   **window_where_enabled(f, max_window_layers=28))
 
 
-def config_to_hf(c: LlamaConfig) -> dict[str, Any]:
-    return {**decoder_config_to_hf(c, "qwen3", "Qwen3ForCausalLM", biases=(c.qkv_bias, c.qkv_bias, False),
-                                   qk_norm=True, has={"layer_types"}),
+def config_to_hf(c: DecoderConfig) -> dict[str, Any]:
+    return {**decoder_config_to_hf(c, "qwen3", "Qwen3ForCausalLM", biases=(c.attention.qkv_bias, c.attention.qkv_bias, False),
+                                   qk_norm=True, has={Feature.LAYER_TYPES}),
             **windows_to_hf(c)}
 
 
-def config_from_gguf(f: GGUFFields, tensors: dict) -> LlamaConfig:
+def config_from_gguf(f: GGUFFields, tensors: dict) -> DecoderConfig:
     refuse_experts(f)
-    return decoder_config_from_gguf(f, tensors, "qwen3", sliding_window=window_of(f), qk_norm=True)
+    return decoder_config_from_gguf(f, tensors, "qwen3", window=window_of(f), attention=dict(qk_norm=True))
 
 
-def gguf_metadata(w: GGUFWriter, c: LlamaConfig) -> None:
+def gguf_metadata(w: GGUFWriter, c: DecoderConfig) -> None:
     add_decoder_hparams(w, c)
     add_window(w, c, "qwen3", kept=False)
     add_key_length(w, c, always=True)
@@ -63,7 +67,7 @@ def gguf_metadata(w: GGUFWriter, c: LlamaConfig) -> None:
 
 
 FAMILY = Family(
-    name="qwen3", config_class=LlamaConfig, model_class=Llama, presets=PRESETS,
+    name="qwen3", config_class=DecoderConfig, model_class=Decoder, presets=PRESETS,
     hf_model_types=("qwen3",), config_from_hf=config_from_hf, config_to_hf=config_to_hf,
     hf_keymap=lambda c: decoder_hf_keymap(c, "qwen3", NORMS + ATTENTION + MLP + QK_NORM),
     gguf_arch="qwen3", config_from_gguf=config_from_gguf,

@@ -16,15 +16,19 @@ from typing import TYPE_CHECKING, Any
 
 from ..convert.gguf_hybrid import add_hybrid_hparams, hybrid_config_from_gguf, hybrid_gguf_keymap
 from ..convert.hf_config import ConfigFields
-from ..convert.hf_decoder import (DECODER_HF_STEPS, EXPERT_ROWS, MLP, NORMS, decoder_config_to_hf, decoder_hf_keymap,
-                                  describe_decoder, experts_from_hf, fused_experts)
+from ..convert.hf_decoder import decoder_config_to_hf, experts_from_hf
+from ..convert.hf_keys import DECODER_HF_STEPS, EXPERT_ROWS, MLP, NORMS, decoder_hf_keymap, fused_experts
+from ..describe import describe_decoder
 from ..convert.mtp import with_hf_mtp_layers
 from ..convert.hf_hybrid import (GATED_ATTENTION, GATED_Q, LINEAR_ATTENTION, LINEAR_CONV, QWEN3_NEXT_LINEAR,
                                  SHARED_EXPERT, hybrid_config_from_hf, hybrid_to_hf)
 from ..convert.keymap import KeyMap
-from ..layers.decoder import FULL, LINEAR, Llama, LlamaConfig
+from ..layers.decoder import FULL, Feature, LINEAR, Decoder, DecoderConfig
 from ..layers.linear_attention import DeltaNetShape
 from ..layers.mlp import Experts
+from ..layers.rope import Rotary
+from ..layers.norms import Norms
+from ..layers.attention import AttentionOptions
 from .base import Family, Preset
 
 if TYPE_CHECKING:
@@ -34,29 +38,31 @@ PRESETS: dict[str, Preset] = {
     # Qwen/Qwen3-Next-80B-A3B-Instruct: 48 layers of 2048 (3 linear : 1 full), 16 query and 2 K/V heads of 256
     # (RoPE on 64), linear layers of 16 key and 32 value heads of 128; 512 experts of 512, 10 per token, and a
     # shared expert of 512
-    "qwen3-next-80b-a3b": Preset(LlamaConfig(
-        vocab_size=151936, context_length=262144, d_model=2048, n_layers=48, n_heads=16, n_kv_heads=2, d_ff=5120,
-        head_dim=256, norm_eps=1e-6, rope_theta=10000000.0, rope_dim=64, qk_norm=True, offset_norms=True,
-        attention_gate=True, layer_types=tuple(FULL if (i + 1) % 4 == 0 else LINEAR for i in range(48)),
-        linear_attention=DeltaNetShape(k_heads=16, v_heads=32, k_dim=128, v_dim=128, conv_kernel=4),
-        experts=Experts(512, 10, d_ff=512, shared_d_ff=512, renormalise=True),
-        bos_token_id=151643, eos_token_id=151645, family="qwen3_next"), "Qwen/Qwen3-Next-80B-A3B-Instruct"),
+    "qwen3-next-80b-a3b": Preset(DecoderConfig(vocab_size=151936, context_length=262144, d_model=2048, n_layers=48,
+                                             n_heads=16, n_kv_heads=2, d_ff=5120, head_dim=256,
+                                             norms=Norms(eps=1e-6, offset=True),
+                                             rope=Rotary(theta=10000000.0, dim=64),
+                                             attention=AttentionOptions(qk_norm=True, gate=True),
+                                             layer_types=tuple(FULL if (i + 1) % 4 == 0 else LINEAR for i in range(48)),
+                                             linear_attention=DeltaNetShape(k_heads=16, v_heads=32, k_dim=128, v_dim=128, conv_kernel=4),
+                                             experts=Experts(512, 10, d_ff=512, shared_d_ff=512, renormalise=True),
+                                             bos_token_id=151643, eos_token_id=151645, family="qwen3_next"), "Qwen/Qwen3-Next-80B-A3B-Instruct"),
 }
 
-HAS = frozenset({"layer_types", "linear attention", "attention output gate", "offset norms", "partial rotary", "MTP layers",
-                 "shared expert", "expert size"})
+HAS = frozenset({Feature.LAYER_TYPES, Feature.LINEAR_ATTENTION, Feature.ATTENTION_GATE, Feature.OFFSET_NORMS, Feature.PARTIAL_ROTARY, Feature.MTP,
+                 Feature.SHARED_EXPERT, Feature.EXPERT_SIZE})
 
 
-def config_from_hf(data: dict[str, Any], origin: object) -> LlamaConfig:
+def config_from_hf(data: dict[str, Any], origin: object) -> DecoderConfig:
     f = ConfigFields(data, origin)
     return hybrid_config_from_hf(f, "qwen3_next",
                                  **experts_from_hf(f, shared_d_ff=f.positive("shared_expert_intermediate_size", 512)))
 
 
-def config_to_hf(c: LlamaConfig) -> dict[str, Any]:
-    out = decoder_config_to_hf(c, "qwen3_next", "Qwen3NextForCausalLM", biases=(c.qkv_bias, c.qkv_bias, False),
+def config_to_hf(c: DecoderConfig) -> dict[str, Any]:
+    out = decoder_config_to_hf(c, "qwen3_next", "Qwen3NextForCausalLM", biases=(c.attention.qkv_bias, c.attention.qkv_bias, False),
                                window=False, qk_norm=True, experts=True,
-                               has=HAS | {"unnormalised expert weights", "dense layers among experts"})
+                               has=HAS | {Feature.UNNORMALISED_EXPERTS, Feature.DENSE_AMONG_EXPERTS})
     e = c.experts
     out.update(num_experts=e.count, num_experts_per_tok=e.used, moe_intermediate_size=e.d_ff or c.d_ff,
                shared_expert_intermediate_size=e.shared_d_ff, norm_topk_prob=e.renormalise,
@@ -64,7 +70,7 @@ def config_to_hf(c: LlamaConfig) -> dict[str, Any]:
     return {**out, **hybrid_to_hf(c)}
 
 
-def hf_keymap(c: LlamaConfig, module: bool = False) -> KeyMap:
+def hf_keymap(c: DecoderConfig, module: bool = False) -> KeyMap:
     """The linear layers' projections in Qwen3-Next's grouped layout (transformers' Qwen3Next has no other);
     the experts in both layouts (``module``: the module's first)."""
     rows = NORMS + MLP + GATED_ATTENTION + [r for r in LINEAR_ATTENTION if not r[0].startswith("linear_attn.in_proj")] \
@@ -73,7 +79,7 @@ def hf_keymap(c: LlamaConfig, module: bool = False) -> KeyMap:
                              fused_first=module, mtp=True)
 
 
-def config_from_gguf(f: GGUFFields, tensors: dict) -> LlamaConfig:
+def config_from_gguf(f: GGUFFields, tensors: dict) -> DecoderConfig:
     """llama.cpp's qwen3next: experts on every layer, their weights renormalised, a shared expert."""
     from gguf import Keys
     return hybrid_config_from_gguf(f, tensors, "qwen3_next", experts=dict(
@@ -82,7 +88,7 @@ def config_from_gguf(f: GGUFFields, tensors: dict) -> LlamaConfig:
 
 
 FAMILY = Family(
-    name="qwen3_next", config_class=LlamaConfig, model_class=Llama, presets=PRESETS,
+    name="qwen3_next", config_class=DecoderConfig, model_class=Decoder, presets=PRESETS,
     hf_model_types=("qwen3_next",), config_from_hf=config_from_hf, config_to_hf=config_to_hf,
     hf_keymap=hf_keymap, hf_module_keymap=lambda c: hf_keymap(c, module=True), config_from_hf_tensors=with_hf_mtp_layers,
     gguf_arch="qwen3next", config_from_gguf=config_from_gguf,

@@ -1,4 +1,4 @@
-"""SmolLM3 (HF smollm3; GGUF smollm3): the Llama decoder with NoPE layers, which RoPE does not rotate
+"""SmolLM3 (HF smollm3; GGUF smollm3): the decoder with NoPE layers, which RoPE does not rotate
 (``no_rope_layers``: 1 rotates, 0 does not; absent, every ``no_rope_layer_interval``-th layer is NoPE), and
 optional sliding windows (``use_sliding_window``: the layers ``layer_types`` says, else the NoPE layers).
 llama.cpp's smollm3 rotates interleaved pairs (Q and K rows permuted, as its llama), skips RoPE on every
@@ -13,10 +13,14 @@ from typing import TYPE_CHECKING, Any
 from ..convert.gguf_decoder import (add_decoder_hparams, add_window, decoder_config_from_gguf, decoder_gguf_keymap,
                                     refuse_experts, standard_layer)
 from ..convert.hf_config import ConfigFields
-from ..convert.hf_decoder import (ATTENTION, DECODER_HF_STEPS, MLP, NORMS, decoder_config_from_hf, decoder_config_to_hf,
-                                  decoder_hf_keymap, describe_decoder, layer_types, no_window, windows_of_layer_types)
+from ..convert.hf_decoder import (decoder_config_from_hf, decoder_config_to_hf, layer_types, no_window,
+                                  windows_of_layer_types)
+from ..convert.hf_keys import ATTENTION, DECODER_HF_STEPS, MLP, NORMS, decoder_hf_keymap
+from ..describe import describe_decoder
 from ..errors import GptconvError, where
-from ..layers.decoder import FULL, SLIDING, Llama, LlamaConfig
+from ..layers.decoder import FULL, Feature, Decoder, DecoderConfig, SLIDING
+from ..layers.rope import Rotary
+from ..layers.norms import Norms
 from .base import Family, Preset
 from ..convert.gguf_meta import block_count
 
@@ -35,17 +39,17 @@ def every_nth_nope(n_layers: int, interval: int) -> tuple[bool, ...]:
 PRESETS: dict[str, Preset] = {
     # HuggingFaceTB/SmolLM3-3B: 36 layers of 2048, 16 heads sharing 4 K/V heads, tied, every 4th layer NoPE,
     # RoPE base 5M, 64k context; the card's "3B": 3,075,098,624 counted (the Hub lists 3.08B)
-    "smollm3-3b": Preset(LlamaConfig(vocab_size=128256, context_length=65536, d_model=2048, n_layers=36, n_heads=16,
-                                     n_kv_heads=4, d_ff=11008, norm_eps=1e-6, rope_theta=5000000.0,
-                                     tie_embeddings=True, rope_layers=every_nth_nope(36, 4), bos_token_id=None,
-                                     eos_token_id=128012, family="smollm3"),
+    "smollm3-3b": Preset(DecoderConfig(vocab_size=128256, context_length=65536, d_model=2048, n_layers=36, n_heads=16,
+                                     n_kv_heads=4, d_ff=11008, norms=Norms(eps=1e-6),
+                                     rope=Rotary(theta=5000000.0, layers=every_nth_nope(36, 4)), tie_embeddings=True,
+                                     bos_token_id=None, eos_token_id=128012, family="smollm3"),
                          "HuggingFaceTB/SmolLM3-3B"),
 }
 
-_HAS = frozenset({"NoPE layers", "layer_types"})
+_HAS = frozenset({Feature.NOPE_LAYERS, Feature.LAYER_TYPES})
 
 
-def config_from_hf(data: dict[str, Any], origin: object) -> LlamaConfig:
+def config_from_hf(data: dict[str, Any], origin: object) -> DecoderConfig:
     f = ConfigFields(data, origin)
     n = f.int("num_hidden_layers")
     listed = f.data.get("no_rope_layers")
@@ -64,32 +68,33 @@ def config_from_hf(data: dict[str, Any], origin: object) -> LlamaConfig:
         windows = windows_of_layer_types(f, types)
     else:
         no_window(f)
-        windows = dict(sliding_window=None)
+        windows = dict(window=None)
     bias = f.bool("attention_bias", False)
-    return decoder_config_from_hf(f, "smollm3", {"rms_norm_eps": 1e-6, "rope_theta": 2000000.0}, qkv_bias=bias,
-                                  o_bias=bias, mlp_bias=f.bool("mlp_bias", False), rope_layers=rope, **windows)
+    return decoder_config_from_hf(f, "smollm3", {"rms_norm_eps": 1e-6, "rope_theta": 2000000.0},
+                                  attention=dict(qkv_bias=bias, o_bias=bias), mlp_bias=f.bool("mlp_bias", False),
+                                  rope=dict(layers=rope), **windows)
 
 
-def config_to_hf(c: LlamaConfig) -> dict[str, Any]:
-    out = decoder_config_to_hf(c, "smollm3", "SmolLM3ForCausalLM", biases=(c.qkv_bias, c.qkv_bias, c.mlp_bias),
+def config_to_hf(c: DecoderConfig) -> dict[str, Any]:
+    out = decoder_config_to_hf(c, "smollm3", "SmolLM3ForCausalLM", biases=(c.attention.qkv_bias, c.attention.qkv_bias, c.mlp_bias),
                                has=_HAS)
     out["no_rope_layers"] = [int(c.rope_at(i)) for i in range(c.n_layers)]
-    out["use_sliding_window"] = c.sliding_window is not None
+    out["use_sliding_window"] = c.attention.window is not None
     out["layer_types"] = [SLIDING if c.window(i) else FULL for i in range(c.n_layers)]
     return out
 
 
-def config_from_gguf(f: GGUFFields, tensors: dict) -> LlamaConfig:
+def config_from_gguf(f: GGUFFields, tensors: dict) -> DecoderConfig:
     """What llama.cpp runs: every 4th layer NoPE, no window."""
     refuse_experts(f)
     from gguf import Keys
     n = block_count(f, tensors)
     if f.get(Keys.Attention.SLIDING_WINDOW, int, 0):
         raise where(f.path, "smollm3: llama.cpp's smollm3 has no sliding window")
-    return decoder_config_from_gguf(f, tensors, "smollm3", rope_layers=every_nth_nope(n, LLAMA_CPP_NOPE_STEP))
+    return decoder_config_from_gguf(f, tensors, "smollm3", rope=dict(layers=every_nth_nope(n, LLAMA_CPP_NOPE_STEP)))
 
 
-def gguf_metadata(w: GGUFWriter, c: LlamaConfig) -> None:
+def gguf_metadata(w: GGUFWriter, c: DecoderConfig) -> None:
     """llama.cpp's converter (its LlamaModel): the generic keys, the vocabulary size and RoPE's dimensions;
     nothing of NoPE layers, which llama.cpp fixes at every 4th."""
     llama_cpp = every_nth_nope(c.n_layers, LLAMA_CPP_NOPE_STEP)
@@ -98,11 +103,11 @@ def gguf_metadata(w: GGUFWriter, c: LlamaConfig) -> None:
         raise GptconvError(f"llama.cpp's smollm3 skips RoPE on every 4th layer only; this model's NoPE layers are "
                            f"{nope or 'none'}; not exported")
     add_window(w, c, "smollm3", kept=False)
-    add_decoder_hparams(w, c, vocab_size=True, rope_dims=True, has=_HAS - {"layer_types"}, arch="smollm3")
+    add_decoder_hparams(w, c, vocab_size=True, rope_dims=True, has=_HAS - {Feature.LAYER_TYPES}, arch="smollm3")
 
 
 FAMILY = Family(
-    name="smollm3", config_class=LlamaConfig, model_class=Llama, presets=PRESETS,
+    name="smollm3", config_class=DecoderConfig, model_class=Decoder, presets=PRESETS,
     hf_model_types=("smollm3",), config_from_hf=config_from_hf, config_to_hf=config_to_hf,
     hf_keymap=lambda c: decoder_hf_keymap(c, "smollm3", NORMS + ATTENTION + MLP),
     gguf_arch="smollm3", config_from_gguf=config_from_gguf,

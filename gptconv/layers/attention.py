@@ -5,6 +5,7 @@ in length."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -12,7 +13,37 @@ import torch.nn.functional as F
 
 from .kv_cache import LayerKV
 from .linear import Linear
+from .config_checks import check_range, check_sizes
 from .rope import rope
+
+
+@dataclass(frozen=True)
+class AttentionOptions:
+    """What a family varies in a decoder's attention: biases on q, k, v (``qkv_bias``) and on the output
+    (``o_bias``); RMSNorm on q and k before RoPE (``qk_norm``), on each head (``qk_norm_over`` "head",
+    Qwen3) or over the whole projection ("all", OLMo 2); the output × sigmoid(gate(x)) before its
+    projection (``gate``, Qwen3-Next); a learned logit per head joining the softmax (``sinks``, gpt-oss);
+    dropout on the weights in train mode only; and ``window``: the last positions a sliding layer attends
+    to (every layer, or those the model's layer types say; None: none slides)."""
+
+    qkv_bias: bool = False
+    o_bias: bool = False
+    qk_norm: bool = False
+    qk_norm_over: str = "head"
+    gate: bool = False
+    sinks: bool = False
+    dropout: float = 0.0
+    window: int | None = None
+
+    def __post_init__(self) -> None:
+        try:
+            check_range(self, ("dropout",), 0.0, 1.0)
+            if self.window is not None:
+                check_sizes(self, {"window": 1 << 24})
+        except ValueError as e:
+            raise ValueError(f"attention: {e}") from None
+        if self.qk_norm_over not in ("head", "all"):
+            raise ValueError(f"attention: qk_norm_over '{self.qk_norm_over}' unknown (head, all)")
 
 
 class Padding:

@@ -12,7 +12,7 @@ global layers, the head the embedding) with its own changes:
 - KV sharing (E2B, E4B): the last ``kv_shared_layers`` layers compute no keys or values: each attends to
   those the last unshared layer of its kind stored this step (its cache slot refers to that layer's);
   with ``double_wide_mlp`` their MLP is twice as wide;
-- per-layer embeddings (PLE, E2B, E4B): a second table gives each token a vector of ``ple_dim`` per layer,
+- per-layer embeddings (PLE, E2B, E4B): a second table gives each token a vector of ``ple.dim`` per layer,
   added to a projection of the embedding; each block ends with x + norm(out(gelu(gate(x)) ⊙ that vector));
 - every block's output × its ``layer_scalar``;
 - the 26B-A4B's MoE block: the dense GeGLU and routed GeGLU experts run side by side on the same input,
@@ -23,7 +23,7 @@ global layers, the head the embedding) with its own changes:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn as nn
@@ -34,12 +34,29 @@ from .config_checks import MAX_LAYERS, check_range, check_sizes
 from .gemma import FULL, SLIDING, scaled_embedding, tied_head
 from .kv_cache import KVCache, LayerKV, SharedKV
 from .linear import Linear
-from .mlp import GeGLU, mix_experts
+from .mlp import Experts, GeGLU, mix_experts
 from .norms import F32RMSNorm as RMSNorm
 from .norms import plain_rms_norm
 from .rope import rope, rope_frequencies
 from .step import Step
 from .tap import Tap, no_tap
+
+
+@dataclass(frozen=True)
+class PLEShape:
+    """Per-layer embeddings: each token's vector of ``dim`` for every layer, from a table of ``vocab`` rows
+    (0 → the model's vocabulary)."""
+
+    dim: int
+    vocab: int = 0
+
+    def __post_init__(self) -> None:
+        try:
+            check_sizes(self, {"dim": 1 << 16})
+            if self.vocab:
+                check_sizes(self, {"vocab": 10_000_000})
+        except ValueError as e:
+            raise ValueError(f"per-layer embeddings: {e}") from None
 
 
 @dataclass(frozen=True)
@@ -64,11 +81,8 @@ class Gemma4Config:
     k_eq_v: bool = False  # global layers: V is the k projection
     kv_shared_layers: int = 0  # the last ones attend to an earlier layer's keys and values
     double_wide_mlp: bool = False  # the KV-shared layers' MLP twice as wide
-    ple_dim: int = 0  # per-layer embeddings: each layer's width (0: none)
-    ple_vocab: int = 0  # their table's rows (0 → vocab_size)
-    n_experts: int = 0  # the MoE block beside the dense MLP (0: none)
-    n_experts_used: int = 0
-    moe_d_ff: int = 0
+    ple: PLEShape | None = None  # per-layer embeddings (None: none)
+    experts: Experts | None = None  # the MoE block beside the dense MLP (None: none): count, used, d_ff only
     bos_token_id: int | None = None
     eos_token_id: int | None = None
     family: str = "gemma4"
@@ -82,8 +96,8 @@ class Gemma4Config:
             object.__setattr__(self, "global_head_dim", self.head_dim)
         if not self.global_kv_heads:
             object.__setattr__(self, "global_kv_heads", self.n_kv_heads)
-        if self.ple_dim and not self.ple_vocab:
-            object.__setattr__(self, "ple_vocab", self.vocab_size)
+        if self.ple is not None and not self.ple.vocab:
+            object.__setattr__(self, "ple", replace(self.ple, vocab=self.vocab_size))
         check_sizes(self, {"vocab_size": 10_000_000, "context_length": 1 << 24, "d_model": 1 << 16,
                            "n_layers": MAX_LAYERS, "n_heads": 1024, "n_kv_heads": 1024, "d_ff": 1 << 20, "head_dim": 4096,
                            "global_head_dim": 4096, "global_kv_heads": 1024, "sliding_window": 1 << 24})
@@ -107,10 +121,8 @@ class Gemma4Config:
         if self.kv_shared_layers:
             for i in range(self.first_shared, self.n_layers):
                 self.kv_source(i)  # every shared layer has a layer of its kind before them
-        if self.ple_dim:
-            check_sizes(self, {"ple_dim": 1 << 16, "ple_vocab": 10_000_000})
-        if self.n_experts:
-            check_sizes(self, {"n_experts": 1024, "n_experts_used": self.n_experts, "moe_d_ff": 1 << 20})
+        if self.experts is not None and not self.experts.d_ff:  # its router is its own (``Router``): of
+            raise ValueError("experts: d_ff = 0; Gemma 4's experts have a size of their own")  # Experts, these 3
 
     @property
     def first_shared(self) -> int:
@@ -145,7 +157,7 @@ class Gemma4(nn.Module):
         super().__init__()
         c = self.config = config
         self.tok_emb = nn.Embedding(c.vocab_size, c.d_model)
-        self.ple = PerLayerEmbedding(c) if c.ple_dim else None
+        self.ple = PerLayerEmbedding(c) if c.ple is not None else None
         self.blocks = nn.ModuleList(Block(c, i) for i in range(c.n_layers))
         self.norm_f = RMSNorm(c.d_model, c.norm_eps)
         self._inv_freq: dict[tuple[str, torch.device], torch.Tensor] = {}
@@ -190,10 +202,10 @@ class PerLayerEmbedding(nn.Module):
 
     def __init__(self, c: Gemma4Config) -> None:
         super().__init__()
-        self.n_layers, self.dim = c.n_layers, c.ple_dim
-        self.table = nn.Embedding(c.ple_vocab, c.n_layers * c.ple_dim)
-        self.proj = Linear(c.d_model, c.n_layers * c.ple_dim, bias=False)
-        self.norm = RMSNorm(c.ple_dim, c.norm_eps)
+        self.n_layers, self.dim = c.n_layers, c.ple.dim
+        self.table = nn.Embedding(c.ple.vocab, c.n_layers * c.ple.dim)
+        self.proj = Linear(c.d_model, c.n_layers * c.ple.dim, bias=False)
+        self.norm = RMSNorm(c.ple.dim, c.norm_eps)
 
     def forward(self, ids: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """ids (B, T), the scaled embedding x (B, T, d) → (B, T, L, p)."""
@@ -258,10 +270,10 @@ class Router(nn.Module):
 
     def __init__(self, c: Gemma4Config) -> None:
         super().__init__()
-        self.top_k, self.eps = c.n_experts_used, c.norm_eps
-        self.proj = Linear(c.d_model, c.n_experts, bias=False)
+        self.top_k, self.eps = c.experts.used, c.norm_eps
+        self.proj = Linear(c.d_model, c.experts.count, bias=False)
         self.scale = nn.Parameter(torch.ones(c.d_model))
-        self.expert_scale = nn.Parameter(torch.ones(c.n_experts))
+        self.expert_scale = nn.Parameter(torch.ones(c.experts.count))
 
     def forward(self, x: torch.Tensor, tap: Tap) -> tuple[torch.Tensor, torch.Tensor]:
         """(N, d) → weights, chosen experts: (N, k) each."""
@@ -273,12 +285,12 @@ class Router(nn.Module):
         return weights * self.expert_scale[chosen], chosen
 
 
-class Experts(nn.Module):
+class GeGLUExperts(nn.Module):
     """The routed GeGLU experts: each chosen expert's output × its weight, summed per token."""
 
     def __init__(self, c: Gemma4Config) -> None:
         super().__init__()
-        self.experts = nn.ModuleList(GeGLU(c.d_model, c.moe_d_ff) for _ in range(c.n_experts))
+        self.experts = nn.ModuleList(GeGLU(c.d_model, c.experts.d_ff) for _ in range(c.experts.count))
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
         return mix_experts(x, self.experts, weights, chosen)        # (N, d)
@@ -292,14 +304,14 @@ class Block(nn.Module):
         self.attn = Attention(c, layer)
         self.norm2, self.post_mlp_norm = RMSNorm(d, eps), RMSNorm(d, eps)
         self.mlp = GeGLU(d, c.d_ff_at(layer))
-        if c.n_experts:  # the MoE block beside the dense MLP, each with its norms
+        if c.experts is not None:  # the MoE block beside the dense MLP, each with its norms
             self.post_dense_norm, self.pre_moe_norm, self.post_moe_norm = (RMSNorm(d, eps) for _ in range(3))
-            self.router, self.experts = Router(c), Experts(c)
+            self.router, self.experts = Router(c), GeGLUExperts(c)
         else:
             self.router = None
-        if c.ple_dim:
-            self.ple_gate = Linear(d, c.ple_dim, bias=False)
-            self.ple_out = Linear(c.ple_dim, d, bias=False)
+        if c.ple is not None:
+            self.ple_gate = Linear(d, c.ple.dim, bias=False)
+            self.ple_out = Linear(c.ple.dim, d, bias=False)
             self.ple_norm = RMSNorm(d, eps)
         self.layer_scalar = nn.Parameter(torch.ones(1))
 

@@ -239,9 +239,16 @@ class KVCache:
             setattr(self, name, new)
 
 
+def sliding_window(config: object) -> int | None:
+    """The window ``config``'s sliding layers attend within (None: no layer slides): the decoder's
+    ``attention.window``, or the ``sliding_window`` field of a config that has one (Gemma's)."""
+    options = getattr(config, "attention", None)
+    return options.window if options is not None else getattr(config, "sliding_window", None)
+
+
 def cache_window(config: object) -> int | None:
     """The window every layer of ``config`` attends within, or None when some layer sees everything
     (Gemma's global layers: each layer then applies its own window in attention)."""
     if any(kind != "sliding_attention" for kind in getattr(config, "layer_types", ())):
         return None
-    return getattr(config, "sliding_window", None)
+    return sliding_window(config)

@@ -27,8 +27,8 @@ HELD = "mtp."  # our names of the parameters held, not run
 
 def full_attention(config: Any) -> Any:
     """The trunk's config as one full-attention layer of it: no linear or conv layers, every layer alike."""
-    return replace(config, layer_types=(), linear_attention=None, short_conv=None, moe_layers=(), rope_layers=(),
-                   mtp_layers=0)
+    return replace(config, layer_types=(), linear_attention=None, short_conv=None, moe_layers=(),
+                   rope=replace(config.rope, layers=()), mtp_layers=0)
 
 
 class MTP(nn.Module):

@@ -1,5 +1,5 @@
 """µP's multipliers (Granite): where a model scales its residual stream, attention and logits apart from
-Llama's 1s and head_dim^-½. The decoder applies them (``decoder.Llama``, ``decoder.Block``); a model
+Llama's 1s and head_dim^-½. The decoder applies them (``decoder.Decoder``, ``decoder.Block``); a model
 without them has ``Multipliers()``."""
 
 from __future__ import annotations

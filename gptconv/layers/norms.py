@@ -8,9 +8,15 @@ LayerNorm (GPT-2) is torch's own ``nn.LayerNorm``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from .config_checks import check_range
+
+NORM_PLACES = ("pre", "post", "sandwich")
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -61,3 +67,34 @@ class OffsetRMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return offset_rms_norm(x, self.weight, self.eps)
+
+
+@dataclass(frozen=True)
+class Norms:
+    """A decoder's RMSNorms: their ``eps``, their convention (``offset``: scale by 1 + w, weights stored as
+    offsets from 1, the q/k norms too), and where a block puts them (``place``): "pre", before each sublayer;
+    "post", on its output before the residual add (OLMo 2, EXAONE 4); "sandwich", both."""
+
+    eps: float = 1e-5
+    offset: bool = False
+    place: str = "pre"
+
+    def __post_init__(self) -> None:
+        try:
+            check_range(self, ("eps",), 0.0, 1.0, low_open=True)
+        except ValueError as e:
+            raise ValueError(f"norms: {e}") from None
+        if self.place not in NORM_PLACES:
+            raise ValueError(f"norms: place '{self.place}' unknown ({', '.join(NORM_PLACES)})")
+
+    def make(self, d: int, eps: float = 0.0) -> nn.Module:
+        """A norm of this convention over d features (``eps``: its own, where not the model's)."""
+        return (OffsetRMSNorm if self.offset else RMSNorm)(d, eps or self.eps)
+
+    @property
+    def pre(self) -> bool:
+        return self.place in ("pre", "sandwich")
+
+    @property
+    def post(self) -> bool:
+        return self.place in ("post", "sandwich")

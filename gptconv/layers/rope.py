@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .config_checks import check_range, check_sizes
+
 
 @dataclass(frozen=True)
 class RopeScaling:
@@ -59,6 +61,44 @@ class RopeScaling:
         if self.kind == "llama3" and not 0 < self.low_freq_factor < self.high_freq_factor < 1e6:
             raise ValueError(f"llama3 rope scaling needs 0 < low_freq_factor < high_freq_factor (they are "
                              f"{self.low_freq_factor!r} and {self.high_freq_factor!r})")
+
+
+@dataclass(frozen=True)
+class Rotary:
+    """How a decoder rotates q and k: the base ``theta``, its ``scaling`` for long contexts, the part of each
+    head rotated (``dim``: the first dim dimensions, partial rotary; 0 → the whole head), the sliding layers'
+    own base (``local_theta``, unscaled: OLMo 3 leaves its full layers' YaRN out of them; None: every layer
+    the same RoPE), and per layer whether it rotates at all (``layers``: False is a NoPE layer; () → all)."""
+
+    theta: float = 10000.0
+    scaling: RopeScaling | None = None
+    dim: int = 0
+    local_theta: float | None = None
+    layers: tuple[bool, ...] = ()
+
+    def __post_init__(self) -> None:
+        try:
+            check_range(self, ("theta",), 0.0, 1e12, low_open=True)
+            if self.local_theta is not None:
+                check_range(self, ("local_theta",), 0.0, 1e12, low_open=True)
+            if self.dim:
+                check_sizes(self, {"dim": 4096})
+                if self.dim % 2:
+                    raise ValueError(f"dim = {self.dim} is odd: RoPE rotates pairs")
+        except ValueError as e:
+            raise ValueError(f"RoPE: {e}") from None
+        layers = tuple(self.layers)
+        if any(type(v) is not bool for v in layers):
+            raise ValueError("RoPE: layers must give True or False for each layer")
+        object.__setattr__(self, "layers", () if all(layers) else layers)  # one spelling: () is every layer
+
+    def at(self, layer: int) -> bool:
+        """Whether layer ``layer`` rotates q and k (False: a NoPE layer)."""
+        return not self.layers or self.layers[layer]
+
+    def pairs(self, head_dim: int) -> int:
+        """The frequencies of a head of ``head_dim`` (half its rotated dimensions)."""
+        return (self.dim or head_dim) // 2
 
 
 def rope_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None = None, long: bool = False) -> torch.Tensor:

@@ -10,7 +10,7 @@ from torch.overrides import TorchFunctionMode
 from ..families import PRESETS as _PRESETS
 from ..families import family_of
 from ..families.gpt2 import GPT2, GPT2Config
-from ..layers.decoder import Llama, LlamaConfig
+from ..layers.decoder import Decoder, DecoderConfig
 from ..layers.kv_cache import KVCache
 from ..layers.rope import RopeScaling
 
@@ -42,4 +42,4 @@ class _SkipInit(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-__all__ = ["GPT2", "GPT2Config", "KVCache", "Llama", "LlamaConfig", "PRESETS", "RopeScaling", "build", "build_empty"]
+__all__ = ["GPT2", "GPT2Config", "KVCache", "Decoder", "DecoderConfig", "PRESETS", "RopeScaling", "build", "build_empty"]

@@ -13,7 +13,7 @@ import torch
 from .. import memory
 from ..devices import parse_device
 from ..errors import GptconvError, where
-from ..layers.kv_cache import cache_window
+from ..layers.kv_cache import cache_window, sliding_window
 from ..loader import Source, load_source, open_source, parse_dtype
 from ..output import check_output, identity
 from ..tokenizer import tokenizer_or_none
@@ -234,7 +234,7 @@ def input_length(src: Source, length: int | None) -> int:
     """Random-input length: the full context by default, capped at 1024 positions or, for a model with
     a sliding window, 128 past the window (so that the window is tested)."""
     limit = src.config.context_length
-    window = getattr(src.config, "sliding_window", None) or 0
+    window = sliding_window(src.config) or 0
     length = length or min(limit, max(1024, window + 128))
     if not 0 < length <= limit:
         raise GptconvError(f"--length {length}: the model has {limit} positions")

@@ -173,14 +173,15 @@ def _encode(name: str, t: torch.Tensor, qtype: Q, narrow: Narrowing) -> np.ndarr
 def _rope_factors(cfg) -> list[tuple[str, torch.Tensor]]:
     """RoPE scaling that GGUF stores as tensors of per-frequency factors: Llama 3.1's (llama.cpp's
     ``rope_freqs``), longrope's long and short factors (``rope_factors_long``, ``rope_factors_short``)."""
-    s = getattr(cfg, "rope_scaling", None)
+    rope = getattr(cfg, "rope", None)  # the decoder's Rotary; Gemma's configs say RoPE in fields of their own
+    s = rope.scaling if rope is not None else getattr(cfg, "rope_scaling", None)
     if s is not None and s.kind == "longrope":
         return [("rope_factors_long.weight", torch.tensor(s.long_factors, dtype=torch.float32)),
                 ("rope_factors_short.weight", torch.tensor(s.factors, dtype=torch.float32))]
     if s is None or s.kind not in ("llama3", "factors"):  # linear, yarn: keys
         return []
-    base = rope_frequencies(cfg.head_dim, cfg.rope_theta)
-    return [("rope_freqs.weight", (base / rope_frequencies(cfg.head_dim, cfg.rope_theta, s)).float())]
+    base = rope_frequencies(cfg.head_dim, cfg.rope.theta)
+    return [("rope_freqs.weight", (base / rope_frequencies(cfg.head_dim, cfg.rope.theta, s)).float())]
 
 
 def _vocab(src, tokenizer, cfg) -> GGUFVocab:
