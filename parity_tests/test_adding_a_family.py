@@ -82,7 +82,7 @@ def test_the_example_is_unknown_until_registered(tmp_path):
 def test_registered_it_loads_and_equals_transformers(ckpt):
     ours = gptconv.load(ckpt)
     c = ours.config
-    assert (c.family, c.attention.qkv_bias, c.attention.o_bias, c.mlp_bias) == ("seed_oss", True, True, True)
+    assert (c.family, c.attention.qkv_bias, c.attention.o_bias, c.mlp.bias) == ("seed_oss", True, True, True)
     ids = random_ids(c.vocab_size, c.context_length)
     with torch.no_grad():
         assert_fp32_parity(ours(ids), hf_model(ckpt)(ids).logits, "seed_oss")

@@ -26,7 +26,7 @@ PRESETS = {"ernie-4.5-0.3b": 360_748_032}
 def test_fixture_has_the_features_it_claims(ckpt):
     c = gptconv.open_source(ckpt).config
     assert c.head_dim == 24 != c.d_model // c.n_heads and c.tie_embeddings and c.rope.theta == 500000.0
-    assert not (c.attention.qkv_bias or c.attention.o_bias or c.mlp_bias)
+    assert not (c.attention.qkv_bias or c.attention.o_bias or c.mlp.bias)
 
 
 def test_read_without_the_reordering_fails_verify(ckpt, monkeypatch):
@@ -46,7 +46,7 @@ def test_use_bias_matches_transformers_and_round_trips(tmp_path):
     llama.cpp's ernie4_5 ignores the output bias, so no GGUF is written."""
     folder = make_checkpoint(tmp_path / "hf", ARCH, VOCAB, {**SHAPE, "use_bias": True})
     ours = gptconv.load(folder)
-    assert ours.config.attention.qkv_bias and ours.config.attention.o_bias and ours.config.mlp_bias
+    assert ours.config.attention.qkv_bias and ours.config.attention.o_bias and ours.config.mlp.bias
     ids = random_ids(ours.config.vocab_size, 48)
     with torch.no_grad():
         assert (ours(ids) - hf_model(folder)(ids).logits).abs().max() < 1e-4

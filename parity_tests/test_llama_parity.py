@@ -35,7 +35,7 @@ def test_fixtures_have_the_features_they_claim(llamas):
     assert cfg["linear-legacy-config"].rope.scaling.kind == "linear"
     assert cfg["tied"].tie_embeddings and not cfg["llama2-mha"].tie_embeddings
     assert cfg["head-dim"].head_dim * cfg["head-dim"].n_heads != cfg["head-dim"].d_model
-    assert cfg["biases"].attention.qkv_bias and cfg["biases"].attention.o_bias and cfg["biases"].mlp_bias
+    assert cfg["biases"].attention.qkv_bias and cfg["biases"].attention.o_bias and cfg["biases"].mlp.bias
     assert cfg["qwen2"].attention.qkv_bias and not cfg["qwen2"].attention.o_bias
     assert "rope_scaling" in json.loads((llamas["llama31-legacy-config"] / "config.json").read_text())
 

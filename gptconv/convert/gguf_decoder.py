@@ -25,11 +25,12 @@ if TYPE_CHECKING:
 def decoder_config_from_gguf(f: GGUFFields, tensors: dict[str, TensorInfo], family: str, fused_qkv: bool = False,
                              partial_rotary: bool = False, n_kv_heads: int | None = None, *,
                              attention: dict[str, Any] | None = None, rope: dict[str, Any] | None = None,
-                             norms: dict[str, Any] | None = None, window: int | None = None,
-                             **specific: Any) -> DecoderConfig:
+                             norms: dict[str, Any] | None = None, mlp: dict[str, Any] | None = None,
+                             window: int | None = None, **specific: Any) -> DecoderConfig:
     """A config from the metadata every architecture of the decoder has; biases are those present in
-    block 0. The family's own: ``attention``, ``rope``, ``norms``, fields of those parts beyond what every
-    file says (q/k norms, NoPE layers, offset norms); ``window``: its sliding layers'; ``specific``: other
+    block 0. The family's own: ``attention``, ``rope``, ``norms``, ``mlp``, fields of those parts beyond or
+    instead of what every file says (q/k norms, NoPE layers, offset norms, LayerNorm and its eps, an ungated
+    GELU MLP); ``window``: its sliding layers'; ``specific``: other
     fields of the config (layer types, experts); ``partial_rotary``: the architecture rotates the first
     rope.dimension_count dimensions of each head (else they must be all); ``n_kv_heads``: where the family
     reads them itself (a per-layer list: LFM2)."""
@@ -53,12 +54,13 @@ def decoder_config_from_gguf(f: GGUFFields, tensors: dict[str, TensorInfo], fami
         n_kv_heads=n_kv_heads or f.get(Keys.Attention.HEAD_COUNT_KV, int, heads),
         d_ff=specific.pop("d_ff", None) or f.get(Keys.LLM.FEED_FORWARD_LENGTH, int),  # a family may know it otherwise
         head_dim=head_dim,
-        norms=dict(eps=f.get(Keys.Attention.LAYERNORM_RMS_EPS, float), **(norms or {})),
-        rope=dict(theta=f.get(Keys.Rope.FREQ_BASE, float, 10000.0), scaling=scaling, **rope),
+        norms=norms if norms and "eps" in norms else {"eps": f.get(Keys.Attention.LAYERNORM_RMS_EPS, float),
+                                                      **(norms or {})},
+        rope={"theta": f.get(Keys.Rope.FREQ_BASE, float, 10000.0), "scaling": scaling, **rope},
         tie_embeddings=gguf_name(T.OUTPUT) not in tensors,
-        attention=dict(qkv_bias=has(T.ATTN_QKV if fused_qkv else T.ATTN_Q), o_bias=has(T.ATTN_OUT), window=window,
-                       **(attention or {})),
-        mlp_bias=has(T.FFN_UP),
+        attention={"qkv_bias": has(T.ATTN_QKV if fused_qkv else T.ATTN_Q), "o_bias": has(T.ATTN_OUT),
+                   "window": window, **(attention or {})},
+        mlp={"bias": has(T.FFN_UP), **(mlp or {})},
         family=family,
         **specific,
     )

@@ -15,29 +15,31 @@ from .hf_rope import rope_by_layer_type, rope_dim_from_hf, rope_to_hf
 
 def decoder_config_from_hf(f: ConfigFields, family: str, defaults: dict[str, Any], *,
                            attention: dict[str, Any] | None = None, rope: dict[str, Any] | None = None,
-                           norms: dict[str, Any] | None = None, window: int | None = None,
-                           partial_rotary: bool = False, training_only: tuple[str, ...] = (),
-                           **specific: Any) -> DecoderConfig:
+                           norms: dict[str, Any] | None = None, mlp: dict[str, Any] | None = None,
+                           window: int | None = None, partial_rotary: bool = False,
+                           training_only: tuple[str, ...] = (), **specific: Any) -> DecoderConfig:
     """The fields every model_type of the decoder has; ``defaults``: transformers' values for the fields a
     config.json may leave out, where they are not Llama's (rms_norm_eps 1e-6, rope_theta 1e4). The family's
-    own: ``attention``, ``rope``, ``norms``, fields of those parts (``AttentionOptions``, ``Rotary``,
-    ``Norms``) beyond what every config says; ``window``: its sliding layers' (with ``layer_types``);
+    own: ``attention``, ``rope``, ``norms``, ``mlp``, fields of those parts (``AttentionOptions``, ``Rotary``,
+    ``Norms``, ``MLPOptions``) beyond or instead of what every config says (a family that gives the MLP's
+    ``act`` reads hidden_act itself; else it must be SwiGLU's silu); ``window``: its sliding layers' (with
+    ``layer_types``);
     ``partial_rotary``: it rotates part of each head where the config says so; ``training_only``: its own
     config fields that act in training only (a dropout), besides the ones every decoder may have;
     ``specific``: other fields of the config (experts, layer types, µP multipliers)."""
     act = f.str("hidden_act", "silu")
-    if act != "silu":
+    if "act" not in (mlp or {}) and act != "silu":  # a family that reads its own activation says which
         raise f.error(f"hidden_act '{act}' is not supported (SwiGLU uses silu)")
     theta, scaling, local_theta = rope_by_layer_type(f, defaults.get("rope_theta", 10000.0), partial_rotary)
-    rope = dict(theta=theta, scaling=scaling, local_theta=local_theta, **(rope or {}))
+    rope = {"theta": theta, "scaling": scaling, "local_theta": local_theta, **(rope or {})}
     if partial_rotary:
         head_dim = f.positive("head_dim", 0) or f.int("hidden_size") // max(f.int("num_attention_heads"), 1)
         rope["dim"] = rope_dim_from_hf(f, head_dim)
     if f.data.get("pretraining_tp", 1) not in (1, None):
         raise f.error(f"'pretraining_tp' = {f.data['pretraining_tp']!r} is not supported")
     # dropouts and noise that act in training only, which our modules do not have
-    untrained = tuple(f"{name} {f.data[name]}" for name in ("resid_pdrop", "embd_pdrop", "router_jitter_noise", *training_only)
-                      if f.float(name, 0.0))
+    untrained = tuple(f"{name} {f.data[name]}" for name in ("resid_pdrop", "embd_pdrop", "router_jitter_noise",
+                                                             *training_only) if f.float(name, 0.0))
     # layer_types checked whatever the family makes of them; recurrent layers only where the family has them
     for kind, field in (("linear_attention", "linear_attention"), ("conv", "short_conv")):
         if kind in (layer_types(f) or ()) and field not in specific:
@@ -49,10 +51,12 @@ def decoder_config_from_hf(f: ConfigFields, family: str, defaults: dict[str, Any
         n_kv_heads=f.positive("num_key_value_heads", f.int("num_attention_heads")),
         d_ff=f.int("intermediate_size"),
         head_dim=f.positive("head_dim", 0),  # 0: d_model / n_heads
-        norms=dict(eps=f.float("rms_norm_eps", defaults.get("rms_norm_eps", 1e-6)), **(norms or {})),
+        norms=norms if norms and "eps" in norms else {"eps": f.float("rms_norm_eps", defaults.get("rms_norm_eps", 1e-6)),
+                                                      **(norms or {})},
         rope=rope,
         tie_embeddings=f.bool("tie_word_embeddings", False),
-        attention=dict(dropout=f.float("attention_dropout", 0.0), window=window, **(attention or {})),
+        attention={"dropout": f.float("attention_dropout", 0.0), "window": window, **(attention or {})},
+        mlp=mlp,
         unsupported_in_training=untrained,
         family=family,
         **specific,
@@ -136,9 +140,9 @@ def decoder_config_to_hf(c: DecoderConfig, model_type: str, hf_class: str,
         raise ValueError(f"HF's {model_type} has {'' if qk_norm else 'no '}RMSNorm on q and k")
     if (c.experts is not None) != experts:
         raise ValueError(f"HF's {model_type} has {'routed experts' if experts else 'no routed experts'}")
-    if (a.qkv_bias, a.o_bias, c.mlp_bias) != biases:
+    if (a.qkv_bias, a.o_bias, c.mlp.bias) != biases:
         raise ValueError(f"HF's {model_type} has no place for these biases (q/k/v {a.qkv_bias}, output {a.o_bias}, "
-                         f"MLP {c.mlp_bias})")
+                         f"MLP {c.mlp.bias})")
     if a.window is not None and not window:
         raise ValueError(f"HF's {model_type} has no sliding window on every layer")
     rope = rope_to_hf(r, c.head_dim)
@@ -148,7 +152,7 @@ def decoder_config_to_hf(c: DecoderConfig, model_type: str, hf_class: str,
         "num_hidden_layers": c.n_layers, "num_attention_heads": c.n_heads, "num_key_value_heads": c.n_kv_heads,
         "intermediate_size": c.d_ff, "head_dim": c.head_dim, "rms_norm_eps": c.norms.eps, "hidden_act": "silu",
         "rope_parameters": rope, "tie_word_embeddings": c.tie_embeddings, "attention_bias": a.qkv_bias,
-        "mlp_bias": c.mlp_bias, "bos_token_id": c.bos_token_id, "eos_token_id": c.eos_token_id,
+        "mlp_bias": c.mlp.bias, "bos_token_id": c.bos_token_id, "eos_token_id": c.eos_token_id,
         "sliding_window": a.window, "pad_token_id": None, "attention_dropout": a.dropout,
         **({"layer_types": [SLIDING if c.window(i) else FULL for i in range(c.n_layers)]} if c.layer_types else {}),
     }

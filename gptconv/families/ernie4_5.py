@@ -45,7 +45,7 @@ def config_from_hf(data: dict[str, Any], origin: object) -> DecoderConfig:
     bias = f.bool("use_bias", False)  # q, k, v, the output and the MLP alike
     no_window(f)
     return decoder_config_from_hf(f, "ernie4_5", {"rms_norm_eps": 1e-5, "rope_theta": 500000.0},
-                                  attention=dict(qkv_bias=bias, o_bias=bias), mlp_bias=bias)
+                                  attention=dict(qkv_bias=bias, o_bias=bias), mlp=dict(bias=bias))
 
 
 def config_to_hf(c: DecoderConfig) -> dict[str, Any]:
@@ -65,7 +65,7 @@ def config_from_gguf(f: GGUFFields, tensors: dict) -> DecoderConfig:
 
 def gguf_metadata(w: GGUFWriter, c: DecoderConfig) -> None:
     """llama.cpp's converter: the generic keys and the key length (config.json always has head_dim)."""
-    if c.attention.o_bias or c.mlp_bias:
+    if c.attention.o_bias or c.mlp.bias:
         raise GptconvError("llama.cpp's ernie4_5 ignores an output bias and has no MLP biases; not exported")
     add_decoder_hparams(w, c, arch="ernie4_5")
     add_window(w, c, "ernie4_5", kept=False)

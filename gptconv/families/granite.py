@@ -52,12 +52,12 @@ def config_from_hf(data: dict[str, Any], origin: object) -> DecoderConfig:
     no_window(f)
     bias = f.bool("attention_bias", False)
     return decoder_config_from_hf(f, "granite", {}, attention=dict(qkv_bias=bias, o_bias=bias),
-                                  mlp_bias=f.bool("mlp_bias", False),
+                                  mlp=dict(bias=f.bool("mlp_bias", False)),
                                   multipliers=Multipliers(**{ours: f.float(hf, 1.0) for ours, hf, _ in _MULTIPLIERS}))
 
 
 def config_to_hf(c: DecoderConfig) -> dict[str, Any]:
-    out = decoder_config_to_hf(c, "granite", "GraniteForCausalLM", biases=(c.attention.qkv_bias, c.attention.qkv_bias, c.mlp_bias),
+    out = decoder_config_to_hf(c, "granite", "GraniteForCausalLM", biases=(c.attention.qkv_bias, c.attention.qkv_bias, c.mlp.bias),
                                window=False, has=_HAS)
     out.update({hf: getattr(c.multipliers, ours) for ours, hf, _ in _MULTIPLIERS})
     if c.multipliers.attention is None:  # HF's granite has no "head_dim^-½": its default is 1

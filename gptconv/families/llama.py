@@ -62,11 +62,11 @@ def config_from_hf(data: dict[str, Any], origin: object) -> DecoderConfig:
     no_window(f)
     bias = f.bool("attention_bias", False)
     return decoder_config_from_hf(f, "llama", {}, attention=dict(qkv_bias=bias, o_bias=bias),
-                                  mlp_bias=f.bool("mlp_bias", False))
+                                  mlp=dict(bias=f.bool("mlp_bias", False)))
 
 
 def config_to_hf(c: DecoderConfig) -> dict[str, Any]:
-    return decoder_config_to_hf(c, "llama", "LlamaForCausalLM", biases=(c.attention.qkv_bias, c.attention.qkv_bias, c.mlp_bias),
+    return decoder_config_to_hf(c, "llama", "LlamaForCausalLM", biases=(c.attention.qkv_bias, c.attention.qkv_bias, c.mlp.bias),
                                 window=False)
 
 

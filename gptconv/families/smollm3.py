@@ -71,12 +71,12 @@ def config_from_hf(data: dict[str, Any], origin: object) -> DecoderConfig:
         windows = dict(window=None)
     bias = f.bool("attention_bias", False)
     return decoder_config_from_hf(f, "smollm3", {"rms_norm_eps": 1e-6, "rope_theta": 2000000.0},
-                                  attention=dict(qkv_bias=bias, o_bias=bias), mlp_bias=f.bool("mlp_bias", False),
+                                  attention=dict(qkv_bias=bias, o_bias=bias), mlp=dict(bias=f.bool("mlp_bias", False)),
                                   rope=dict(layers=rope), **windows)
 
 
 def config_to_hf(c: DecoderConfig) -> dict[str, Any]:
-    out = decoder_config_to_hf(c, "smollm3", "SmolLM3ForCausalLM", biases=(c.attention.qkv_bias, c.attention.qkv_bias, c.mlp_bias),
+    out = decoder_config_to_hf(c, "smollm3", "SmolLM3ForCausalLM", biases=(c.attention.qkv_bias, c.attention.qkv_bias, c.mlp.bias),
                                has=_HAS)
     out["no_rope_layers"] = [int(c.rope_at(i)) for i in range(c.n_layers)]
     out["use_sliding_window"] = c.attention.window is not None

@@ -27,7 +27,7 @@ from .kv_cache import KVCache
 from .linear import Linear, linear
 from .linear_attention import DeltaNetShape, GatedDeltaNet
 from .mla import MLAShape, MLAttention
-from .mlp import Experts, MoE, SwiGLU
+from .mlp import Experts, MLPOptions, MoE
 from .mtp import MTP
 from .multipliers import Multipliers
 from .norms import Norms
@@ -87,7 +87,7 @@ class DecoderConfig:
     rope: Rotary = Rotary()  # theta, scaling, partial rotary, the sliding layers' own, NoPE layers
     tie_embeddings: bool = False
     attention: AttentionOptions = AttentionOptions()  # biases, q/k norms, gate, sinks, dropout, window
-    mlp_bias: bool = False
+    mlp: MLPOptions = MLPOptions()  # the dense MLP: its biases
     layer_types: tuple[str, ...] = ()  # per layer, SLIDING, FULL, LINEAR or CONV; () → every layer attends
     # (within attention.window where it has one)
     linear_attention: DeltaNetShape | None = None  # the LINEAR layers' sizes (gated delta rule)
@@ -157,11 +157,11 @@ class DecoderConfig:
 
     @classmethod
     def build(cls, *, attention: dict[str, Any] | None = None, rope: dict[str, Any] | None = None,
-              norms: dict[str, Any] | None = None, **fields: Any) -> DecoderConfig:
-        """The config with its attention, RoPE and norms given as their parts' fields (a converter gathers
-        them from several places), each part checked as it is made."""
+              norms: dict[str, Any] | None = None, mlp: dict[str, Any] | None = None, **fields: Any) -> DecoderConfig:
+        """The config with its attention, RoPE, norms and MLP given as their parts' fields (a converter
+        gathers them from several places), each part checked as it is made."""
         return cls(attention=AttentionOptions(**(attention or {})), rope=Rotary(**(rope or {})),
-                   norms=Norms(**(norms or {})), **fields)
+                   norms=Norms(**(norms or {})), mlp=MLPOptions(**(mlp or {})), **fields)
 
     def features(self) -> set[Feature]:
         """What this config asks of the decoder beyond Llama's (a writer refuses a config with a feature its
@@ -297,7 +297,7 @@ def channel_mixer(c: DecoderConfig, layer: int) -> nn.Module:
     (``mlp.Experts``), else the dense SwiGLU."""
     if c.experts_at(layer):
         return MoE(c.d_model, c.experts.d_ff or c.d_ff, c.experts)
-    return SwiGLU(c.d_model, c.d_ff, c.mlp_bias)
+    return c.mlp.make(c.d_model, c.d_ff)
 
 
 class Block(nn.Module):

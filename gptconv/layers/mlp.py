@@ -26,6 +26,16 @@ def geglu(x: torch.Tensor, gate: nn.Linear, up: nn.Linear, down: nn.Linear) -> t
     return down(F.gelu(gate(x), approximate="tanh") * up(x))
 
 
+@dataclass(frozen=True)
+class MLPOptions:
+    """A decoder's dense MLP: SwiGLU, with biases on its projections where ``bias``."""
+
+    bias: bool = False
+
+    def make(self, d_model: int, d_ff: int) -> nn.Module:
+        return SwiGLU(d_model, d_ff, self.bias)
+
+
 class SwiGLU(nn.Module):
     def __init__(self, d_model: int, d_ff: int, bias: bool = False) -> None:
         super().__init__()
