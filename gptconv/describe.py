@@ -45,9 +45,16 @@ def describe_decoder(cfg: DecoderConfig) -> list[str]:
     if cfg.attention.qk_norm:
         extras.append("q and k " + ("RMS-normed over the whole projection" if cfg.attention.qk_norm_over == "all"
                                     else "heads RMS-normed") + " before RoPE")
-    if cfg.norms.place != "pre":
+    if cfg.norms.place in ("post", "sandwich"):
         extras.append({"post": "norms after each sublayer, on its output, before the residual add (none before)",
                        "sandwich": "norms before and after each sublayer"}[cfg.norms.place])
+    if cfg.norms.parallel:
+        extras.append("parallel residual: attention and MLP both read the block's input, each through its own "
+                      "norm, x + attn(norm1(x)) + mlp(norm2(x))")
+    if cfg.norms.kind == "layer":
+        extras.append("LayerNorm (x − mean) / std · w + b for RMSNorm")
+    if not cfg.mlp.gated:
+        extras.append(f"MLP: down({cfg.mlp.act}(up(x))), ungated" + (", with biases" if cfg.mlp.bias else ""))
     if Feature.MUP in cfg.features():
         m = cfg.multipliers
         scale = "head_dim^-½" if m.attention is None else f"{m.attention:g}"

@@ -17,6 +17,7 @@ A family test file sets, at module level, what its checkpoint is and what its fa
                                     # format has no place for a feature (a test in the file shows the refusal)
     CONVERTER_OPTIONS = ()          # flags for llama.cpp's converter (``--no-mtp``: the file has no MTP layers)
     GGUF = True                     # False: the family has no GGUF yet (its file tests the one-line refusal)
+    CONFIG_JSON = {}                # keys added to the saved config.json (legacy names released files carry)
     ROUNDED_IN_GGUF = {}            # our parameters a GGUF holds through a transform that float32 cannot invert
                                     # exactly (name suffix → f: f of both within 2 float32 ulps)
 
@@ -46,7 +47,8 @@ PROVENANCE = {"general.name": "the model's name: ours is the output file's stem,
 @pytest.fixture(scope="module")
 def ckpt(request, tmp_path_factory):
     m = request.module
-    return make_checkpoint(tmp_path_factory.mktemp(m.ARCH) / "hf", m.ARCH, m.VOCAB, m.SHAPE)
+    return make_checkpoint(tmp_path_factory.mktemp(m.ARCH) / "hf", m.ARCH, m.VOCAB, m.SHAPE,
+                           config_json=getattr(m, "CONFIG_JSON", None))
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +58,8 @@ def gguf_ckpt(request, ckpt, tmp_path_factory):
     changes = getattr(m, "GGUF_CHANGES", {})
     if not changes:
         return ckpt
-    return make_checkpoint(tmp_path_factory.mktemp(m.ARCH + "-gguf") / "hf", m.ARCH, m.VOCAB, {**m.SHAPE, **changes})
+    return make_checkpoint(tmp_path_factory.mktemp(m.ARCH + "-gguf") / "hf", m.ARCH, m.VOCAB, {**m.SHAPE, **changes},
+                           config_json=getattr(m, "CONFIG_JSON", None))
 
 
 @pytest.fixture(scope="module")
@@ -175,7 +178,7 @@ def test_our_gguf_verifies_against_llama_cpp(request, ours_gguf, tmp_path):
     changes = getattr(m, "LLAMA_CPP_CHANGES", {})
     if changes:
         folder = make_checkpoint(tmp_path / "hf", m.ARCH, m.VOCAB, {**m.SHAPE, **getattr(m, "GGUF_CHANGES", {}),
-                                                                   **changes})
+                                                                   **changes}, config_json=getattr(m, "CONFIG_JSON", None))
         ours_gguf = export(str(folder), tmp_path / "ours.gguf", "gguf", "f32").out
     report = gptconv.verify(str(ours_gguf), against="llama.cpp", length=getattr(m, "LLAMA_CPP_LENGTH", None))
     print(f"\n{ours_gguf.parent.name}: our GGUF vs llama.cpp: max|Δ| = {report.max_abs_diff:.3e} "

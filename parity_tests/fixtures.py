@@ -222,10 +222,11 @@ def make_converter_fixture(folder: Path, name: str, vocab_gguf: Path) -> Path:
 
 
 def make_checkpoint(folder: Path, arch: str, vocab: str, kwargs: dict, vocab_gguf: Path | None = None,
-                    our_tokenizer: bool = False) -> Path:
+                    our_tokenizer: bool = False, config_json: dict | None = None) -> Path:
     """A random-init checkpoint of ``arch`` saved by transformers (init range 0.2, norms scrambled) with
     a real tokenizer both converters read: llama.cpp's test vocabulary ``vocab`` (``vocab_gguf``: another
-    file), as a SentencePiece tokenizer.model (llama-spm) or a tokenizer.json."""
+    file), as a SentencePiece tokenizer.model (llama-spm) or a tokenizer.json. ``config_json``: keys added to
+    the saved config.json (legacy names the released files carry, which transformers 5 does not write)."""
     import transformers
     import llama_cpp_tools
     # llama-spm-bpe: tokenizer.json; gpt-2-glm: with GLM's special tokens added
@@ -256,6 +257,9 @@ def make_checkpoint(folder: Path, arch: str, vocab: str, kwargs: dict, vocab_ggu
         tok.save_pretrained(folder)
     if arch == "gpt2":
         llama_cpp_tools.add_n_ctx(folder)
+    if config_json:
+        path = folder / "config.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), **config_json}, indent=2))
     return folder
 
 

@@ -40,11 +40,23 @@ def vocab_cases(name: str) -> list[tuple[str, list[int]]]:
     return [(t, [int(x) for x in line.split()]) for t, line in zip(texts, lines)]
 
 
+# llama.cpp's converter reading config.json itself, as it does where transformers cannot load the config: its
+# AutoConfig(...).to_dict() path drops the legacy keys some of its model classes read (gptneox: rotary_pct)
+RAW_CONFIG = "--raw-config"
+_RAW = ("import runpy, sys; sys.path.insert(0, sys.argv[1]); import conversion.base as b\n"
+        "def refuse(*a, **k): raise ValueError('config.json read as it is')\n"
+        "b.AutoConfig.from_pretrained = refuse; sys.argv = sys.argv[2:]; runpy.run_path(sys.argv[0], run_name='__main__')")
+
+
 def convert(folder: Path, out: Path, outtype: str = "f32", options: tuple[str, ...] = ()) -> Path:
     """llama.cpp's converter on an HF folder, in its own process with its own gguf-py; ``options``: more of
-    its flags (``--no-mtp``: without the multi-token-prediction layers, which it otherwise requires)."""
-    r = subprocess.run([sys.executable, str(source() / "convert_hf_to_gguf.py"), str(folder), "--outfile", str(out),
-                        "--outtype", outtype, *options], capture_output=True, text=True, timeout=600)
+    its flags (``--no-mtp``: without the multi-token-prediction layers, which it otherwise requires), and
+    ``RAW_CONFIG``: config.json read as the file says it, not through transformers."""
+    script = str(source() / "convert_hf_to_gguf.py")
+    raw = RAW_CONFIG in options
+    head = [sys.executable, "-c", _RAW, str(source()), script] if raw else [sys.executable, script]
+    r = subprocess.run([*head, str(folder), "--outfile", str(out), "--outtype", outtype,
+                        *(o for o in options if o != RAW_CONFIG)], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     return out
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import GptconvError, where
-from . import (deepseek_v3, ernie4_5, exaone4, gemma2, gemma3, gemma4, glm4_moe, glm4_moe_lite, gpt2, gpt_oss, granite, lfm2, llama, mistral, mixtral, olmo2, phi3, qwen2,
+from . import (deepseek_v3, ernie4_5, exaone4, gemma2, gemma3, gemma4, glm4_moe, glm4_moe_lite, gpt2, gpt_neox, gpt_oss, granite, lfm2, llama, mistral, mixtral, olmo2, phi3, qwen2,
                qwen3, qwen3_5, qwen3_5_moe, qwen3_moe, qwen3_next, smollm3)
 from .base import Family, Preset, Wrapper
 
@@ -43,6 +43,7 @@ FAMILIES: tuple[Family, ...] = (
     deepseek_v3.FAMILY,
     glm4_moe_lite.FAMILY,
     glm4_moe.FAMILY,
+    gpt_neox.FAMILY,
 )
 
 BY_NAME: dict[str, Family] = {f.name: f for f in FAMILIES}

@@ -71,6 +71,10 @@ class Feature(StrEnum):
     ROUTED_SCALING = "routed scaling"
     CORRECTION_BIAS = "router correction bias"
     UNGATED_SHARED_EXPERT = "ungated shared expert"
+    PARALLEL_RESIDUAL = "parallel residual"
+    LAYER_NORM = "LayerNorm"
+    UNGATED_MLP = "ungated MLP"
+    MLP_ACTIVATION = "an MLP activation other than SiLU"
 
 
 @dataclass(frozen=True)
@@ -87,7 +91,7 @@ class DecoderConfig:
     rope: Rotary = Rotary()  # theta, scaling, partial rotary, the sliding layers' own, NoPE layers
     tie_embeddings: bool = False
     attention: AttentionOptions = AttentionOptions()  # biases, q/k norms, gate, sinks, dropout, window
-    mlp: MLPOptions = MLPOptions()  # the dense MLP: its biases
+    mlp: MLPOptions = MLPOptions()  # the dense MLP: gated (SwiGLU) or not (GELU), its biases
     layer_types: tuple[str, ...] = ()  # per layer, SLIDING, FULL, LINEAR or CONV; () → every layer attends
     # (within attention.window where it has one)
     linear_attention: DeltaNetShape | None = None  # the LINEAR layers' sizes (gated delta rule)
@@ -173,6 +177,8 @@ class DecoderConfig:
             (Feature.PARTIAL_ROTARY, bool(r.dim)), (Feature.LONGROPE, kind == "longrope"),
             (Feature.YARN, kind == "yarn"), (Feature.LOCAL_ROPE, r.local_theta is not None),
             (Feature.POST_NORMS, c.norms.place == "post"), (Feature.SANDWICH_NORMS, c.norms.place == "sandwich"),
+            (Feature.PARALLEL_RESIDUAL, c.norms.parallel), (Feature.LAYER_NORM, c.norms.kind == "layer"),
+            (Feature.UNGATED_MLP, not c.mlp.gated), (Feature.MLP_ACTIVATION, c.mlp.act != "silu"),
             (Feature.QK_NORM_OVER_ALL, a.qk_norm_over != "head"),
             (Feature.MUP, c.multipliers.applied),
             (Feature.UNNORMALISED_EXPERTS, e is not None and not e.renormalise),
@@ -294,7 +300,7 @@ def token_mixer(c: DecoderConfig, layer: int) -> nn.Module:
 
 def channel_mixer(c: DecoderConfig, layer: int) -> nn.Module:
     """Layer ``layer``'s MLP, (B, T, d) → (B, T, d): routed experts where the model has them on this layer
-    (``mlp.Experts``), else the dense SwiGLU."""
+    (``mlp.Experts``), else the dense MLP its ``MLPOptions`` say (SwiGLU, or GPT-NeoX's ungated GELU)."""
     if c.experts_at(layer):
         return MoE(c.d_model, c.experts.d_ff or c.d_ff, c.experts)
     return c.mlp.make(c.d_model, c.d_ff)
@@ -302,7 +308,8 @@ def channel_mixer(c: DecoderConfig, layer: int) -> nn.Module:
 
 class Block(nn.Module):
     """x + attn(norm1(x)), then x + mlp(norm2(x)): norms before the sublayers ("pre"); after them, on the
-    sublayer's output before the residual add ("post": post_attn_norm, post_mlp_norm); or both ("sandwich")."""
+    sublayer's output before the residual add ("post": post_attn_norm, post_mlp_norm); or both ("sandwich").
+    Parallel (GPT-NeoX): both sublayers read the block's input, x + attn(norm1(x)) + mlp(norm2(x))."""
 
     def __init__(self, config: DecoderConfig, layer: int = 0) -> None:
         super().__init__()
@@ -316,12 +323,15 @@ class Block(nn.Module):
         self.mlp = channel_mixer(c, layer)
         self.post_mlp_norm = norm(c.d_model) if post else None
         self.residual_multiplier = c.multipliers.residual
+        self.parallel = c.norms.parallel
 
     def forward(self, x: torch.Tensor, step: Step) -> torch.Tensor:
         h = self.attn(self.norm1(x) if self.norm1 is not None else x, step)  # (B, T, d)
         if self.post_attn_norm is not None:
             h = self.post_attn_norm(h)
             step.tap("post_attention_norm", h)
+        if self.parallel:  # the MLP reads the block's input too; (mlp + attn) + x, as transformers adds them
+            return self.scaled(self.mlp(self.norm2(x), step.tap)) + self.scaled(h) + x
         x = x + self.scaled(h)
         h = self.mlp(self.norm2(x) if self.norm2 is not None else x, step.tap)  # (B, T, d)
         if self.post_mlp_norm is not None:

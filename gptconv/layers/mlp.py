@@ -1,7 +1,9 @@
-"""The MLPs of a block, each (B, T, d) → (B, T, d): gated (SwiGLU, GeGLU) and routed (MoE).
+"""The MLPs of a block, each (B, T, d) → (B, T, d): gated (SwiGLU, GeGLU), ungated (``DenseMLP``: GPT-NeoX's
+GELU) and routed (MoE).
 
-A gated MLP is down(act(gate(x)) ⊙ up(x)), d → d_ff → d; the activation names it. GPT-2's
-ungated GELU MLP lives with GPT-2 (``families/gpt2.py``), the one family that has it.
+A gated MLP is down(act(gate(x)) ⊙ up(x)), d → d_ff → d; the activation names it. An ungated one is
+down(act(up(x))). The decoder's dense MLP is chosen by its ``MLPOptions``. GPT-2's GELU MLP (its Conv1D
+layout) lives with GPT-2 (``families/gpt2.py``).
 """
 
 from __future__ import annotations
@@ -26,14 +28,42 @@ def geglu(x: torch.Tensor, gate: nn.Linear, up: nn.Linear, down: nn.Linear) -> t
     return down(F.gelu(gate(x), approximate="tanh") * up(x))
 
 
+ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu,  # GELU exact (erf): HF's "gelu"
+               "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}  # HF's gelu_new, gelu_pytorch_tanh
+
+
 @dataclass(frozen=True)
 class MLPOptions:
-    """A decoder's dense MLP: SwiGLU, with biases on its projections where ``bias``."""
+    """A decoder's dense MLP: ``gated`` (down(act(gate(x)) ⊙ up(x)), Llama's SwiGLU) or not (down(act(up(x))),
+    GPT-NeoX), its activation (``act``: silu, gelu, gelu_tanh) and whether its projections have biases."""
 
+    gated: bool = True
+    act: str = "silu"
     bias: bool = False
 
+    def __post_init__(self) -> None:
+        if self.act not in ACTIVATIONS:
+            raise ValueError(f"MLP: activation '{self.act}' is not supported ({', '.join(ACTIVATIONS)})")
+        if self.gated and self.act == "gelu":
+            raise ValueError("MLP: a gated MLP with exact GELU is not supported (gated: silu, gelu_tanh)")
+
     def make(self, d_model: int, d_ff: int) -> nn.Module:
-        return SwiGLU(d_model, d_ff, self.bias)
+        if not self.gated:
+            return DenseMLP(d_model, d_ff, self.act, self.bias)
+        return SwiGLU(d_model, d_ff, self.bias) if self.act == "silu" else GeGLU(d_model, d_ff, self.bias)
+
+
+class DenseMLP(nn.Module):
+    """The ungated MLP: down(act(up(x))), d → d_ff → d (GPT-NeoX's dense_h_to_4h, dense_4h_to_h)."""
+
+    def __init__(self, d_model: int, d_ff: int, act: str = "gelu", bias: bool = True) -> None:
+        super().__init__()
+        self.up = Linear(d_model, d_ff, bias=bias)
+        self.down = Linear(d_ff, d_model, bias=bias)
+        self.act = ACTIVATIONS[act]
+
+    def forward(self, x: torch.Tensor, tap: Tap = no_tap) -> torch.Tensor:
+        return self.down(self.act(self.up(x)))
 
 
 class SwiGLU(nn.Module):
@@ -65,11 +95,11 @@ class ClampedSwiGLU(nn.Module):
 
 
 class GeGLU(nn.Module):
-    def __init__(self, d_model: int, d_ff: int) -> None:
+    def __init__(self, d_model: int, d_ff: int, bias: bool = False) -> None:
         super().__init__()
-        self.gate = Linear(d_model, d_ff, bias=False)
-        self.up = Linear(d_model, d_ff, bias=False)
-        self.down = Linear(d_ff, d_model, bias=False)
+        self.gate = Linear(d_model, d_ff, bias=bias)
+        self.up = Linear(d_model, d_ff, bias=bias)
+        self.down = Linear(d_ff, d_model, bias=bias)
 
     def forward(self, x: torch.Tensor, tap: Tap = no_tap) -> torch.Tensor:
         return geglu(x, self.gate, self.up, self.down)

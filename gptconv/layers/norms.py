@@ -3,7 +3,7 @@
 - ``rms_norm``: x / √(mean(x²) + eps) · w (Llama's convention: weights start at 1);
 - ``offset_rms_norm``: x / √(mean(x²) + eps) · (1 + w) (Gemma's convention: weights are stored as
   their offset from 1, so a zero weight is the identity).
-LayerNorm (GPT-2) is torch's own ``nn.LayerNorm``.
+LayerNorm (GPT-2, GPT-NeoX: x − mean, / std, · w + b) is torch's own ``nn.LayerNorm``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import torch.nn.functional as F
 
 from .config_checks import check_range
 
-NORM_PLACES = ("pre", "post", "sandwich")
+NORM_PLACES = ("pre", "post", "sandwich", "parallel")
+NORM_KINDS = ("rms", "layer")
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -71,13 +72,16 @@ class OffsetRMSNorm(nn.Module):
 
 @dataclass(frozen=True)
 class Norms:
-    """A decoder's RMSNorms: their ``eps``, their convention (``offset``: scale by 1 + w, weights stored as
-    offsets from 1, the q/k norms too), and where a block puts them (``place``): "pre", before each sublayer;
-    "post", on its output before the residual add (OLMo 2, EXAONE 4); "sandwich", both."""
+    """A decoder's norms: their ``kind`` ("rms": RMSNorm; "layer": LayerNorm with a bias, GPT-NeoX), ``eps``,
+    convention (``offset``: an RMSNorm scaling by 1 + w, weights stored as offsets from 1, the q/k norms too),
+    and where a block puts them (``place``): "pre", before each sublayer; "post", on its output before the
+    residual add (OLMo 2, EXAONE 4); "sandwich", both; "parallel", before each sublayer, both reading the
+    block's input, their outputs added to it together (GPT-NeoX: x + attn(norm1(x)) + mlp(norm2(x)))."""
 
     eps: float = 1e-5
     offset: bool = False
     place: str = "pre"
+    kind: str = "rms"
 
     def __post_init__(self) -> None:
         try:
@@ -86,14 +90,23 @@ class Norms:
             raise ValueError(f"norms: {e}") from None
         if self.place not in NORM_PLACES:
             raise ValueError(f"norms: place '{self.place}' unknown ({', '.join(NORM_PLACES)})")
+        if self.kind not in NORM_KINDS or (self.offset and self.kind != "rms"):
+            raise ValueError(f"norms: kind '{self.kind}'{' with 1 + w' if self.offset else ''} unknown "
+                             f"({', '.join(NORM_KINDS)}; 1 + w for rms only)")
 
     def make(self, d: int, eps: float = 0.0) -> nn.Module:
         """A norm of this convention over d features (``eps``: its own, where not the model's)."""
+        if self.kind == "layer":
+            return nn.LayerNorm(d, eps=eps or self.eps)
         return (OffsetRMSNorm if self.offset else RMSNorm)(d, eps or self.eps)
 
     @property
     def pre(self) -> bool:
-        return self.place in ("pre", "sandwich")
+        return self.place in ("pre", "sandwich", "parallel")
+
+    @property
+    def parallel(self) -> bool:
+        return self.place == "parallel"
 
     @property
     def post(self) -> bool:

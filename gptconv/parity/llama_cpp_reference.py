@@ -17,7 +17,7 @@ import torch.nn as nn
 from .. import memory
 from ..errors import GptconvError, where
 from ..llamacpp import LlamaCpp, dequantize_file, library, version
-from .compare import LLAMA_CPP, PROMPTS, Fixed, Report, kl_per_position, max_abs_diff
+from .compare import PROMPTS, Fixed, Report, kl_per_position, llama_cpp_tolerance, max_abs_diff
 from .lockstep import Run, lockstep, our_run
 
 
@@ -58,7 +58,7 @@ def verify_gguf(src: Any, make_model: Callable[[torch.dtype], nn.Module], inputs
     apart = memory.reset_peak()
     exact, model = make_model(torch.float64), make_model(torch.float32)
     tally = Fixed(str(src.name), f"llama.cpp (llama-cpp-python {version()}, {weights}, F32 KV cache)",
-                  LLAMA_CPP[src.arch], inputs)
+                  llama_cpp_tolerance(src.config), inputs)
     as_stored = {"agree": 0, "total": 0, "kls": []}
 
     ours64: dict[str, torch.Tensor] = {}
