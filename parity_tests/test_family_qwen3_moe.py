@@ -69,9 +69,8 @@ def test_renormalised_weights_fail_verify_at_the_first_expert_layer(ckpt, monkey
 
 def test_the_dense_layer_with_the_expert_size_fails(ckpt, monkeypatch):
     """A planted fault: the dense layer built with the experts' hidden size; its tensors do not fit."""
-    from gptconv.layers import decoder
-    real = decoder.SwiGLU.__init__
-    monkeypatch.setattr(decoder.SwiGLU, "__init__", lambda self, d, d_ff, bias=False: real(self, d, 32, bias))
+    from gptconv.layers.mlp import MLPOptions, SwiGLU
+    monkeypatch.setattr(MLPOptions, "make", lambda self, d, d_ff: SwiGLU(d, 32, self.bias))
     with pytest.raises(GptconvError, match="wrong shape"):
         gptconv.load(ckpt)
 

@@ -119,7 +119,7 @@ def _random_llama(folder: Path, shape: dict) -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from ..writers.safetensors_file import SafetensorsWriter
-    config = DecoderConfig(**shape, dtype="bfloat16")
+    config = LlamaConfig(**shape, dtype="bfloat16")
     with init_empty_weights():
         shapes = [(n, tuple(p.shape)) for n, p in LlamaForCausalLM(config).named_parameters()
                   if not (config.tie_word_embeddings and n == "lm_head.weight")]  # a tied head is not stored
