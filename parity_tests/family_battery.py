@@ -63,9 +63,16 @@ def gguf_ckpt(request, ckpt, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def theirs(request, gguf_ckpt):
+def theirs_each(request, gguf_ckpt):
+    """llama.cpp's converter's GGUFs of the checkpoint, f32 and q8_0, made in one converter process."""
+    return llama_cpp_tools.convert_each(gguf_ckpt, {t: gguf_ckpt.parent / f"theirs-{t}.gguf" for t in ("f32", "q8_0")},
+                                        _options(request.module))
+
+
+@pytest.fixture(scope="module")
+def theirs(theirs_each):
     """llama.cpp's converter's GGUF of the checkpoint (f32)."""
-    return llama_cpp_tools.convert(gguf_ckpt, gguf_ckpt.parent / "theirs.gguf", "f32", _options(request.module))
+    return theirs_each["f32"]
 
 
 def _options(module) -> tuple[str, ...]:
@@ -144,12 +151,11 @@ def test_our_gguf_equals_llama_cpps_converter(request, ours_gguf, theirs):
     assert not unexplained, unexplained
 
 
-def test_our_q8_0_gguf_equals_llama_cpps_converter(request, gguf_ckpt, tmp_path):
+def test_our_q8_0_gguf_equals_llama_cpps_converter(request, gguf_ckpt, theirs_each, tmp_path):
     """At q8_0: the same choice of tensors kept in F32 (norms, routers, …) and the same quantized bytes;
     the file loads (dequantized) and runs."""
     ours = export(str(gguf_ckpt), tmp_path / "ours.gguf", "gguf", "q8_0").out
-    keys, tensors = llama_cpp_tools.differences(ours, llama_cpp_tools.convert(gguf_ckpt, tmp_path / "theirs.gguf",
-                                                                              "q8_0", _options(request.module)))
+    keys, tensors = llama_cpp_tools.differences(ours, theirs_each["q8_0"])
     assert tensors == [], tensors
     known = getattr(request.module, "KNOWN", {})
     assert not {k: v for k, v in keys.items() if k not in PROVENANCE and k not in known}
@@ -200,6 +206,7 @@ def test_presets_have_the_published_parameter_counts(request):
         assert sum(p.numel() for p in model.parameters()) == count, name
 
 
-__all__ = [name for name in dir() if name.startswith("test_")] + ["ckpt", "gguf_ckpt", "theirs", "ours_gguf", "FP32",
+__all__ = [name for name in dir() if name.startswith("test_")] + ["ckpt", "gguf_ckpt", "theirs", "theirs_each",
+                                                                    "ours_gguf", "FP32",
                                                                     "plant", "plant_experts",
                                                                     "plant_part"]

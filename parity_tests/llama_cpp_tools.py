@@ -43,28 +43,53 @@ def vocab_cases(name: str) -> list[tuple[str, list[int]]]:
 # llama.cpp's converter reading config.json itself, as it does where transformers cannot load the config: its
 # AutoConfig(...).to_dict() path drops the legacy keys some of its model classes read (gptneox: rotary_pct)
 RAW_CONFIG = "--raw-config"
-_RAW = ("import runpy, sys; sys.path.insert(0, sys.argv[1]); import conversion.base as b\n"
-        "def refuse(*a, **k): raise ValueError('config.json read as it is')\n"
-        "b.AutoConfig.from_pretrained = refuse; sys.argv = sys.argv[2:]; runpy.run_path(sys.argv[0], run_name='__main__')")
+# the converter run once per output type in one process (its imports, torch's and transformers', paid once):
+# argv = [source, raw (0/1), script, then each run's arguments as one JSON list]
+_RUNS = ("import json, runpy, sys; source, raw, script, runs = sys.argv[1], sys.argv[2] == '1', sys.argv[3], "
+         "json.loads(sys.argv[4]); sys.path.insert(0, source)\n"
+         "if raw:\n    import conversion.base as b\n"
+         "    def refuse(*a, **k): raise ValueError('config.json read as it is')\n"
+         "    b.AutoConfig.from_pretrained = refuse\n"
+         "for run in runs:\n    sys.argv = [script, *run]\n"
+         "    try:\n        runpy.run_path(script, run_name='__main__')\n"
+         "    except SystemExit as e:\n        if e.code not in (0, None): raise\n")
 
 
 def convert(folder: Path, out: Path, outtype: str = "f32", options: tuple[str, ...] = ()) -> Path:
     """llama.cpp's converter on an HF folder, in its own process with its own gguf-py; ``options``: more of
     its flags (``--no-mtp``: without the multi-token-prediction layers, which it otherwise requires), and
     ``RAW_CONFIG``: config.json read as the file says it, not through transformers."""
+    return convert_each(folder, {outtype: out}, options)[outtype]
+
+
+def convert_each(folder: Path, outs: dict[str, Path], options: tuple[str, ...] = ()) -> dict[str, Path]:
+    """``convert`` to each output type of ``outs`` (type → file), the converter run once per type in one
+    process (as many processes as types cost each the converter's imports again: ~4 s)."""
     script = str(source() / "convert_hf_to_gguf.py")
-    raw = RAW_CONFIG in options
-    head = [sys.executable, "-c", _RAW, str(source()), script] if raw else [sys.executable, script]
-    r = subprocess.run([*head, str(folder), "--outfile", str(out), "--outtype", outtype,
-                        *(o for o in options if o != RAW_CONFIG)], capture_output=True, text=True, timeout=600)
+    flags = [o for o in options if o != RAW_CONFIG]
+    runs = [[str(folder), "--outfile", str(out), "--outtype", outtype, *flags] for outtype, out in outs.items()]
+    r = subprocess.run([sys.executable, "-c", _RUNS, str(source()), "1" if RAW_CONFIG in options else "0", script,
+                        json.dumps(runs)], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    return out
+    return dict(outs)
+
+
+_TOKENIZERS: dict[Path, Path] = {}  # a GGUF vocabulary → its tokenizer files, made once per process
 
 
 def hf_tokenizer_from_gguf(gguf_path: Path, folder: Path) -> None:
-    """transformers' own conversion of a GGUF vocabulary into tokenizer.json + tokenizer_config.json."""
-    from transformers import AutoTokenizer
-    AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name).save_pretrained(folder)
+    """transformers' own conversion of a GGUF vocabulary into tokenizer.json + tokenizer_config.json (made once
+    per process and copied: the conversion costs seconds, the files do not depend on the folder)."""
+    import shutil
+    import tempfile
+    if gguf_path not in _TOKENIZERS:
+        from transformers import AutoTokenizer
+        made = Path(tempfile.mkdtemp(prefix="gptconv-tokenizer-"))
+        AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name).save_pretrained(made)
+        _TOKENIZERS[gguf_path] = made
+    folder.mkdir(parents=True, exist_ok=True)
+    for file in _TOKENIZERS[gguf_path].iterdir():
+        shutil.copyfile(file, folder / file.name)
 
 
 def no_dummy_prefix(folder: Path) -> None:
