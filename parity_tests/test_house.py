@@ -61,3 +61,23 @@ def test_every_decoder_familys_presets_pass_its_own_writers(family):
     matched as a string cannot let one through)."""
     for name, preset in family.presets.items():
         family.config_to_hf(preset.config)
+
+
+# the families tested before the battery existed, by the files that test them (each past every window, against
+# transformers and llama.cpp's converter and runtime)
+TESTED_ELSEWHERE = {"gpt2": "test_gpt2_parity.py", "llama": "test_llama_parity.py", "mistral": "test_families.py",
+                    "mixtral": "test_families.py", "qwen2": "test_llama_parity.py", "qwen3": "test_families.py",
+                    "phi3": "test_family_phi4_mini.py", "gemma3": "test_gemma3.py"}
+
+
+@pytest.mark.parametrize("family", families.FAMILIES, ids=lambda f: f.name)
+def test_every_registered_family_runs_the_battery(family):
+    """The registry says which families there are; each has ``test_family_<name>.py`` running the battery on its
+    checkpoint (docs/adding-a-family.md, step 5), or is one of the few tested before the battery, by name."""
+    here = Path(__file__).parent
+    own = here / f"test_family_{family.name}.py"
+    if own.exists():
+        assert "from family_battery import *" in own.read_text(encoding="utf-8"), own.name
+        return
+    assert family.name in TESTED_ELSEWHERE, f"{family.name}: no test_family_{family.name}.py"
+    assert family.name in (here / TESTED_ELSEWHERE[family.name]).read_text(encoding="utf-8")
