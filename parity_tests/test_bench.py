@@ -7,31 +7,44 @@ import shutil
 import subprocess
 import sys
 
-from gptconv.bench.__main__ import bench_model, table
+import pytest
+
+from gptconv.bench.__main__ import bench_outputs, bench_running, facts, table
 from gptconv.writers import export
 
 
-def test_every_case_runs_and_reports(converter_fixtures, tmp_path):
-    folder = tmp_path / "tiny"  # a tiny GPT-2 with GPT-2's tokenizer, which llama.cpp's converter takes
+@pytest.fixture(scope="module")
+def tiny(converter_fixtures, tmp_path_factory):
+    """A tiny GPT-2 with GPT-2's tokenizer, which llama.cpp's converter takes, and the GGUFs llama.cpp runs."""
+    folder = tmp_path_factory.mktemp("bench") / "tiny"
     shutil.copytree(converter_fixtures["gpt2"], folder)
-    export(str(folder), folder / "model-f32.gguf", "gguf", "f32")  # what llama.cpp runs
+    export(str(folder), folder / "model-f32.gguf", "gguf", "f32")
     export(str(folder), folder / "model-bf16.gguf", "gguf", "bf16")
-    rows = bench_model("tiny", folder, repeat=1, bandwidth=10e9)
-    cases = [r.case for r in rows]
-    assert cases == ["load to a ready model", "prefill T=64 float32", "prefill T=64 bfloat16",
-                     "prefill T=64 fp32 vs llama.cpp",
-                     "decode 48 greedy, fp32 (tok/s)", "decode vs llama.cpp, F32 GGUF (tok/s)",
-                     "decode / memory-bandwidth bound", "decode bf16 vs our fp32 (tok/s)",
-                     "decode bf16 vs llama.cpp, BF16 GGUF (tok/s)", "export gguf f16: time vs cp", "export gguf f16: peak RSS",
-                     "export safetensors f32: time vs cp", "export safetensors f32: peak RSS",
-                     "export GGUF f16 vs llama.cpp's convert_hf_to_gguf.py, whole process",
-                     "verify: peak RSS / model bytes"]
+    return folder
+
+
+def test_every_running_case_runs_and_reports(tiny):
+    """The cases of ``bench_model`` that run the model (``bench_running``; the others: the next test)."""
+    rows = bench_running("tiny", tiny, facts(tiny), repeat=1, bandwidth=10e9)
+    assert [r.case for r in rows] == [
+        "load to a ready model", "prefill T=64 float32", "prefill T=64 bfloat16", "prefill T=64 fp32 vs llama.cpp",
+        "decode 48 greedy, fp32 (tok/s)", "decode vs llama.cpp, F32 GGUF (tok/s)", "decode / memory-bandwidth bound",
+        "decode bf16 vs our fp32 (tok/s)", "decode bf16 vs llama.cpp, BF16 GGUF (tok/s)"]
     assert all(r.ours > 0 and (r.peer is None or r.peer > 0) for r in rows)
-    decode = rows[4]
-    assert decode.note == "same tokens as transformers"  # greedy decoding agrees with the peer's
-    assert "passed" in rows[-1].note
+    assert rows[4].note == "same tokens as transformers"  # greedy decoding agrees with the peer's
     assert "| decode 48 greedy" in table(rows)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny"]  # the exports were cleaned up
+
+
+def test_every_output_case_runs_and_reports(tiny):
+    """The cases of ``bench_model`` that write and verify it (``bench_outputs``), its exports cleaned up."""
+    rows = bench_outputs("tiny", tiny, facts(tiny), repeat=1)
+    assert [r.case for r in rows] == [
+        "export gguf f16: time vs cp", "export gguf f16: peak RSS", "export safetensors f32: time vs cp",
+        "export safetensors f32: peak RSS", "export GGUF f16 vs llama.cpp's convert_hf_to_gguf.py, whole process",
+        "verify: peak RSS / model bytes"]
+    assert all(r.ours > 0 and (r.peer is None or r.peer > 0) for r in rows)
+    assert "passed" in rows[-1].note
+    assert sorted(p.name for p in tiny.parent.iterdir()) == ["tiny"]  # the exports were cleaned up
 
 
 def test_moe_bench_runs():

@@ -118,7 +118,14 @@ def facts(folder: Path) -> dict:
 
 
 def bench_model(name: str, folder: Path, repeat: int, bandwidth: float) -> list[Row]:
+    """Every case on one model: running it (``bench_running``), then writing and verifying it (``bench_outputs``)."""
     f = facts(folder)
+    return bench_running(name, folder, f, repeat, bandwidth) + bench_outputs(name, folder, f, repeat)
+
+
+def bench_running(name: str, folder: Path, f: dict, repeat: int, bandwidth: float) -> list[Row]:
+    """Load, prefill (both dtypes, and against llama.cpp), decode (against transformers, llama.cpp and the
+    memory-bandwidth bound, fp32 and bf16)."""
     rows = []
     peers = ["gptconv", "transformers"]
 
@@ -158,8 +165,12 @@ def bench_model(name: str, folder: Path, repeat: int, bandwidth: float) -> list[
                     ours / fp32 >= 1.8, "half the bytes per token"))
     rows.append(Row("decode bf16 vs llama.cpp, BF16 GGUF (tok/s)", name, ours, cpp, "tok/s", ours / cpp, "≥ 1.0",
                     ours / cpp >= 1.0))
+    return rows
 
-    rows += bench_export(name, folder, f, repeat)
+
+def bench_outputs(name: str, folder: Path, f: dict, repeat: int) -> list[Row]:
+    """Export (time against cp, peak memory; the whole process against llama.cpp's converter) and verify's peak."""
+    rows = bench_export(name, folder, f, repeat)
     out = folder.parent / f"{name}-export-process.gguf"
     converter_ready(folder)
     ours = process_seconds([sys.executable, "-m", "gptconv", "export", str(folder), "--format", "gguf", "--dtype", "f16",
